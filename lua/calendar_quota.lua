@@ -1,0 +1,80 @@
+-- calendar_quota.lua: at most PER_DAY sends per local calendar day and PER_WINDOW sends per
+-- WINDOW_DAYS local days (the window ends today, inclusive).
+--
+-- KEYS: the rule's key, a sorted set: member = message id, score = local day number of the
+--       day the message was admitted on.
+-- ARGV (this rule's slice): TODAY (local day number, computed by the worker with chrono-tz),
+--       PER_DAY, PER_WINDOW, WINDOW_DAYS, EXPIRE_AT (epoch ms of the first instant of local day
+--       TODAY + WINDOW_DAYS: when today's entry stops mattering).
+-- Reply: {allowed, already, remaining, retry_day}: remaining = sends still allowed after this
+--       one (or now, when denied or already admitted); retry_day = the first local day number
+--       on which a send would be allowed, -1 when allowed.
+--
+-- Entries older than the window are ignored when reading and removed when committing, so an id
+-- is recognised as already admitted exactly while its entry is inside the window. A denied
+-- attempt writes nothing.
+
+local function calendar_counts(key, args)
+  local today, days = tonumber(args[1]), tonumber(args[4])
+  local first = today - days + 1
+  local entries = redis.call('ZRANGEBYSCORE', key, first, '+inf', 'WITHSCORES')
+  local scores = {}
+  for i = 2, #entries, 2 do
+    scores[#scores + 1] = tonumber(entries[i])
+  end
+  return scores, today, first
+end
+
+-- Sends counted against day `day`: {entries on that day, entries in the window ending that day}
+local function calendar_usage(scores, day, days)
+  local on_day, in_window = 0, 0
+  for _, s in ipairs(scores) do
+    if s == day then on_day = on_day + 1 end
+    if s > day - days then in_window = in_window + 1 end
+  end
+  return on_day, in_window
+end
+
+KINDS.calendar_quota = {
+  check = function(key, args, ctx)
+    local per_day, per_window, days = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+    local scores, today, first = calendar_counts(key, args)
+    local on_day, in_window = calendar_usage(scores, today, days)
+    local left = math.min(per_day - on_day, per_window - in_window)
+    local admitted = redis.call('ZSCORE', key, ctx.id)
+    if admitted and tonumber(admitted) >= first then
+      return {1, 1, math.max(left, 0), -1}
+    end
+    if left > 0 then
+      return {1, 0, left - 1, -1}
+    end
+    -- Walk forward day by day until both limits have room; entries never leave the set on
+    -- their own, so the walk ends once the newest entry is outside the window.
+    local newest = today
+    for _, s in ipairs(scores) do
+      if s > newest then newest = s end
+    end
+    for day = today + 1, newest + days do
+      local d, w = calendar_usage(scores, day, days)
+      if d < per_day and w < per_window then
+        return {0, 0, 0, day}
+      end
+    end
+    return {0, 0, 0, newest + days}
+  end,
+
+  commit = function(key, args, ctx)
+    local today, days = tonumber(args[1]), tonumber(args[4])
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - days + 1))
+    redis.call('ZADD', key, today, ctx.id)
+    -- An entry scored after today (the recipient's zone moved east) keeps the key longer:
+    -- at most 26 hours per day of difference, the widest gap between two zones.
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local ahead = math.max(tonumber(newest[2]) - today, 0)
+    expire_at_least(key, tonumber(args[5]) + ahead * 93600000)
+  end,
+
+  refund = function(key, args, ctx)
+    redis.call('ZREM', key, ctx.id)
+  end,
+}

@@ -1,0 +1,494 @@
+//! The `sendquota` command line: argument parsing and the commands operators and scripts run.
+//!
+//! Exit codes are part of the contract: 0 the command did its job (a deny is a successful
+//! decision), 2 bad input or bad config, 1 a service could not be reached or failed.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use clap::{Parser, Subcommand, ValueEnum};
+use futures_util::{StreamExt, TryStreamExt};
+use serde_json::json;
+
+use crate::broker::{self, Names, Publisher};
+use crate::clock::{Clock, ManualClock, SystemClock};
+use crate::config::{redact_url, ConfigError, Settings};
+use crate::decision;
+use crate::denials::{Denial, DenialFilter, DenialStore};
+use crate::limiter::Limiter;
+use crate::message::SendRequest;
+use crate::store::RedisConn;
+use crate::worker::{self, Failpoint};
+
+/// Publishes in flight at once when `publish` sends a file: enough to hide the confirm round
+/// trip, few enough to keep memory flat.
+const PUBLISH_IN_FLIGHT: usize = 256;
+
+/// sendquota: enforce message-send quotas between producers and senders.
+#[derive(Debug, Parser)]
+#[command(name = "sendquota", version)]
+pub struct Cli {
+    /// Config file (TOML). Without one, the headline rule applies with default connections.
+    #[arg(long, global = true, env = "SENDQUOTA_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume send requests and decide them until SIGTERM or SIGINT.
+    Worker {
+        /// Fix the clock at this instant (RFC3339), for simulations and tests.
+        #[arg(long)]
+        now: Option<String>,
+    },
+    /// Apply database migrations.
+    Migrate,
+    /// Publish send requests, one JSON object per line, from FILE or standard input.
+    Publish {
+        /// File of JSON lines; `-` or nothing for standard input.
+        file: Option<PathBuf>,
+    },
+    /// Decide one message without dispatching it; consumes nothing unless --commit.
+    Check {
+        /// The send request, as JSON.
+        #[arg(long)]
+        message: String,
+        /// Decide at this instant (RFC3339) instead of now.
+        #[arg(long, alias = "now")]
+        at: Option<String>,
+        /// Consume the quota as a real decision would.
+        #[arg(long)]
+        commit: bool,
+    },
+    /// List recorded denials, newest first.
+    Denials(DenialArgs),
+    /// Configuration commands.
+    Config {
+        /// What to do with the configuration.
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+/// `config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Validate the configuration and print the effective settings and policy.
+    Check,
+}
+
+/// Filters and format of `denials`.
+#[derive(Debug, clap::Args)]
+pub struct DenialArgs {
+    /// Only this recipient.
+    #[arg(long)]
+    recipient: Option<String>,
+    /// Only this rule.
+    #[arg(long)]
+    rule: Option<String>,
+    /// Only this channel.
+    #[arg(long)]
+    channel: Option<String>,
+    /// Only this category.
+    #[arg(long)]
+    category: Option<String>,
+    /// Denied at or after: RFC3339, or an age such as 7d, 36h, 90m.
+    #[arg(long)]
+    since: Option<String>,
+    /// Denied before: RFC3339, or an age such as 7d, 36h, 90m.
+    #[arg(long)]
+    until: Option<String>,
+    /// Continue after this denial id (the last id of the previous page).
+    #[arg(long)]
+    after: Option<i64>,
+    /// At most this many rows.
+    #[arg(long, default_value_t = 100)]
+    limit: i64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+/// Output formats of `denials`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Format {
+    /// Aligned columns for people.
+    Table,
+    /// One JSON object per line.
+    Json,
+    /// Comma-separated values with a header line.
+    Csv,
+}
+
+/// A command's failure, carrying its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad input: exit code 2.
+    #[error("{0}")]
+    Input(String),
+    /// Bad configuration: exit code 2.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A service failed: exit code 1.
+    #[error("{0}")]
+    Service(String),
+}
+
+impl CliError {
+    /// The process exit code for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Input(_) | CliError::Config(_) => 2,
+            CliError::Service(_) => 1,
+        }
+    }
+}
+
+fn service(what: &str) -> impl Fn(&dyn std::fmt::Display) -> CliError + '_ {
+    move |e| CliError::Service(format!("{what}: {e}"))
+}
+
+/// Runs a parsed command line to completion.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok())?;
+    match cli.command {
+        Command::Worker { now } => {
+            let clock: Arc<dyn Clock> = match now {
+                Some(at) => Arc::new(ManualClock::new(parse_instant(&at)?)),
+                None => Arc::new(SystemClock),
+            };
+            let failpoint = match std::env::var("SENDQUOTA_FAILPOINT").ok().as_deref() {
+                Some("hang-after-admit") => Some(Failpoint::HangAfterAdmit),
+                Some(other) => {
+                    return Err(CliError::Input(format!(
+                        "unknown SENDQUOTA_FAILPOINT {other:?}"
+                    )))
+                }
+                None => None,
+            };
+            worker::run(&settings, clock, failpoint, shutdown_signal())
+                .await
+                .map_err(|e| CliError::Service(e.to_string()))
+        }
+        Command::Migrate => {
+            let store = DenialStore::connect(&settings.database)
+                .await
+                .map_err(|e| service("postgres")(&e))?;
+            store.migrate().await.map_err(|e| service("migrate")(&e))?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Publish { file } => publish(&settings, file).await,
+        Command::Check {
+            message,
+            at,
+            commit,
+        } => check(&settings, &message, at.as_deref(), commit).await,
+        Command::Denials(args) => denials(&settings, args).await,
+        Command::Config {
+            action: ConfigAction::Check,
+        } => {
+            println!("{}", effective_config(&settings));
+            Ok(())
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn parse_instant(s: &str) -> Result<DateTime<Utc>, CliError> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| CliError::Input(format!("{s:?} is not an RFC3339 instant: {e}")))
+}
+
+/// An RFC3339 instant, or an age (`7d`, `36h`, `90m`, `30s`) counted back from `now`.
+pub fn parse_since(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError> {
+    let unit = s.chars().last().unwrap_or(' ');
+    let amount = s[..s.len() - unit.len_utf8().min(s.len())].parse::<i64>();
+    let age = match (amount, unit) {
+        (Ok(n), 'd') if n >= 0 => Duration::try_days(n),
+        (Ok(n), 'h') if n >= 0 => Duration::try_hours(n),
+        (Ok(n), 'm') if n >= 0 => Duration::try_minutes(n),
+        (Ok(n), 's') if n >= 0 => Duration::try_seconds(n),
+        _ => return parse_instant(s),
+    };
+    age.and_then(|a| now.checked_sub_signed(a))
+        .ok_or_else(|| CliError::Input(format!("{s:?} reaches too far back")))
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+async fn check(
+    settings: &Settings,
+    message: &str,
+    at: Option<&str>,
+    commit: bool,
+) -> Result<(), CliError> {
+    let request = SendRequest::decode(message.as_bytes(), settings.worker.max_body_bytes)
+        .map_err(|e| CliError::Input(format!("invalid message: {e}")))?;
+    let now = match at {
+        Some(at) => parse_instant(at)?,
+        None => Utc::now(),
+    };
+    let redis = RedisConn::connect(&settings.redis)
+        .await
+        .map_err(|e| service("redis")(&e))?;
+    let evaluation = Limiter::new(redis, &settings.namespace)
+        .evaluate(&settings.policy, &request, now, commit)
+        .await
+        .map_err(|e| service("redis")(&e))?;
+    let outcome = decision::decide(&evaluation.verdicts);
+    let rules: Vec<_> = evaluation
+        .verdicts
+        .iter()
+        .map(|v| {
+            json!({
+                "rule": v.rule,
+                "kind": v.kind,
+                "allowed": v.allowed,
+                "remaining": v.remaining,
+                "retry_after": v.retry_after.map(rfc3339),
+            })
+        })
+        .collect();
+    let out = json!({
+        "outcome": outcome.name(),
+        "rule": outcome.rule().map(|v| v.rule.clone()),
+        "retry_after": outcome.retry_after().map(rfc3339),
+        "rules": rules,
+    });
+    println!("{out}");
+    Ok(())
+}
+
+async fn publish(settings: &Settings, file: Option<PathBuf>) -> Result<(), CliError> {
+    let reader: Box<dyn BufRead> = match file.as_deref() {
+        None => Box::new(std::io::stdin().lock()),
+        Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin().lock()),
+        Some(p) => Box::new(std::io::BufReader::new(std::fs::File::open(p).map_err(
+            |e| CliError::Input(format!("cannot read {}: {e}", p.display())),
+        )?)),
+    };
+    // Validate everything first: a bad line publishes nothing, so a corrected file can simply
+    // be published again.
+    let mut requests = Vec::new();
+    for (index, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| CliError::Input(format!("line {}: {e}", index + 1)))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let request = SendRequest::decode(line.as_bytes(), settings.worker.max_body_bytes)
+            .map_err(|e| CliError::Input(format!("line {}: {e}", index + 1)))?;
+        requests.push((request.id, line));
+    }
+    let names = Names::new(&settings.namespace);
+    let connection = broker::connect(&settings.amqp.url, "sendquota-publish")
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    let publisher = Publisher::open(&connection)
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    broker::declare(publisher.channel(), &names, settings.amqp.queue_type)
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    let total = requests.len();
+    let mut sent = 0usize;
+    let mut confirms = futures_util::stream::iter(requests.iter())
+        .map(|(id, line)| {
+            let props = broker::json_properties(Some(id), &[]);
+            publisher.publish(&names.requests, "", line.as_bytes(), props)
+        })
+        .buffer_unordered(PUBLISH_IN_FLIGHT);
+    let progress_every = (total / 20).max(10_000);
+    while let Some(()) = confirms
+        .try_next()
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?
+    {
+        sent += 1;
+        if sent.is_multiple_of(progress_every) {
+            eprintln!("published {sent}/{total}");
+        }
+    }
+    drop(confirms);
+    let _ = connection.close(200, "done".into()).await;
+    println!("published {sent} messages to {}", names.requests);
+    Ok(())
+}
+
+async fn denials(settings: &Settings, args: DenialArgs) -> Result<(), CliError> {
+    let now = Utc::now();
+    if args.limit < 1 {
+        return Err(CliError::Input("--limit must be at least 1".to_owned()));
+    }
+    let filter = DenialFilter {
+        recipient: args.recipient,
+        rule: args.rule,
+        channel: args.channel,
+        category: args.category,
+        since: args.since.map(|s| parse_since(&s, now)).transpose()?,
+        until: args.until.map(|s| parse_since(&s, now)).transpose()?,
+        after: args.after,
+        limit: args.limit,
+        ..DenialFilter::default()
+    };
+    let store = DenialStore::connect(&settings.database)
+        .await
+        .map_err(|e| service("postgres")(&e))?;
+    let rows = store
+        .list(&filter)
+        .await
+        .map_err(|e| service("postgres")(&e))?;
+    let mut out = std::io::stdout().lock();
+    let written = match args.format {
+        Format::Json => rows
+            .iter()
+            .try_for_each(|d| writeln!(out, "{}", denial_json(d))),
+        Format::Csv => write_csv(&mut out, &rows),
+        Format::Table => write_table(&mut out, &rows),
+    };
+    written.map_err(|e| CliError::Service(format!("writing output: {e}")))
+}
+
+/// A denial as one JSON object (the `--format json` line).
+pub fn denial_json(d: &Denial) -> serde_json::Value {
+    json!({
+        "id": d.id,
+        "message_id": d.message_id,
+        "recipient": d.recipient,
+        "channel": d.channel,
+        "category": d.category,
+        "rule": d.rule,
+        "kind": d.kind,
+        "reason": d.reason,
+        "shadow": d.shadow,
+        "denied_at": rfc3339(d.denied_at),
+        "retry_after": d.retry_after.map(rfc3339),
+        "replayed_at": d.replayed_at.map(rfc3339),
+        "replay_of": d.replay_of,
+        "message": d.message,
+    })
+}
+
+const COLUMNS: [&str; 9] = [
+    "id",
+    "denied_at",
+    "recipient",
+    "channel",
+    "category",
+    "rule",
+    "kind",
+    "retry_after",
+    "replayed_at",
+];
+
+fn row_cells(d: &Denial) -> [String; 9] {
+    [
+        d.id.to_string(),
+        rfc3339(d.denied_at),
+        d.recipient.clone(),
+        d.channel.clone(),
+        d.category.clone(),
+        if d.shadow {
+            format!("{} (shadow)", d.rule)
+        } else {
+            d.rule.clone()
+        },
+        d.kind.clone(),
+        d.retry_after.map(rfc3339).unwrap_or_default(),
+        d.replayed_at.map(rfc3339).unwrap_or_default(),
+    ]
+}
+
+fn write_table(out: &mut impl Write, rows: &[Denial]) -> std::io::Result<()> {
+    let cells: Vec<[String; 9]> = rows.iter().map(row_cells).collect();
+    let mut widths = COLUMNS.map(str::len);
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    writeln!(out, "{}", line(&COLUMNS.map(str::to_owned)))?;
+    for row in &cells {
+        writeln!(out, "{}", line(row))?;
+    }
+    Ok(())
+}
+
+fn write_csv(out: &mut impl Write, rows: &[Denial]) -> std::io::Result<()> {
+    fn field(s: &str) -> String {
+        if s.contains([',', '"', '\n', '\r']) {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        } else {
+            s.to_owned()
+        }
+    }
+    writeln!(out, "{},reason,message_id", COLUMNS.join(","))?;
+    for d in rows {
+        let mut cells: Vec<String> = row_cells(d).iter().map(|c| field(c)).collect();
+        cells.push(field(&d.reason));
+        cells.push(field(&d.message_id));
+        writeln!(out, "{}", cells.join(","))?;
+    }
+    Ok(())
+}
+
+/// The effective configuration as TOML-like text, secrets redacted.
+fn effective_config(s: &Settings) -> String {
+    let redis = if s.redis.cluster_urls.is_empty() {
+        format!("url = {:?}", redact_url(&s.redis.url))
+    } else {
+        let urls: Vec<String> = s.redis.cluster_urls.iter().map(|u| redact_url(u)).collect();
+        format!("cluster_urls = {urls:?}")
+    };
+    let policy = serde_json::to_string_pretty(&s.policy).unwrap_or_default();
+    format!(
+        "namespace = {:?}\n[redis]\n{redis}\n[amqp]\nurl = {:?}\nprefetch = {}\nqueue_type = {:?}\n\
+         [database]\nurl = {:?}\n[worker]\n{:?}\n# policy\n{policy}",
+        s.namespace,
+        redact_url(&s.amqp.url),
+        s.amqp.prefetch,
+        s.amqp.queue_type,
+        redact_url(&s.database.url),
+        s.worker,
+    )
+}

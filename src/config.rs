@@ -1,0 +1,375 @@
+//! Settings: a TOML file, then environment overrides for connections and namespace.
+//!
+//! Everything is validated here, before any connection is opened, so a bad file stops the
+//! process at start-up with one clear line instead of failing on the first message.
+
+use std::path::{Path, PathBuf};
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+use crate::message::DEFAULT_MAX_BODY_BYTES;
+use crate::policy::{Policy, PolicyError, RawRule};
+
+/// Default Redis URL, the local server.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default broker URL, the local RabbitMQ with its default account and vhost.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default database URL, the local Postgres.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/sendquota";
+/// Default namespace for queue, exchange and key names.
+pub const DEFAULT_NAMESPACE: &str = "sendquota";
+
+/// Why the configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file named by `--config` or `SENDQUOTA_CONFIG`.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// `default_timezone` is not an IANA zone.
+    #[error("default_timezone: unknown time zone \"{0}\"")]
+    UnknownTimeZone(String),
+    /// The namespace cannot be used in queue and key names.
+    #[error("namespace \"{0}\" must be 1 to 64 characters of letters, digits, '_', '-' and '.'")]
+    BadNamespace(String),
+    /// A setting is out of range.
+    #[error("{0}")]
+    Invalid(String),
+    /// A rule is invalid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// Everything the process needs, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Prefix of every exchange, queue and Redis key name.
+    pub namespace: String,
+    /// Redis connection.
+    pub redis: RedisSettings,
+    /// RabbitMQ connection and topology.
+    pub amqp: AmqpSettings,
+    /// Postgres connection.
+    pub database: DatabaseSettings,
+    /// Worker behaviour.
+    pub worker: WorkerSettings,
+    /// The validated rules.
+    pub policy: Policy,
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    /// A single server's URL.
+    pub url: String,
+    /// Seed nodes of a Redis Cluster; when non-empty, `url` is ignored.
+    pub cluster_urls: Vec<String>,
+    /// Longest wait for one Redis reply, in milliseconds.
+    pub response_timeout_ms: u64,
+}
+
+/// Broker settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpSettings {
+    /// The broker URL.
+    pub url: String,
+    /// Deliveries the broker may hand the worker before acks (the consumer's prefetch).
+    pub prefetch: u16,
+    /// Queue type of the requests and invalid queues: `quorum` (survives a node loss) or
+    /// `classic`.
+    pub queue_type: QueueType,
+}
+
+/// RabbitMQ queue type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueType {
+    /// Replicated, durable; the default.
+    Quorum,
+    /// Single-node queue.
+    Classic,
+}
+
+/// Postgres settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// The database URL.
+    pub url: String,
+    /// Size of the connection pool.
+    pub max_connections: u32,
+    /// Longest wait for a pooled connection, in milliseconds.
+    pub acquire_timeout_ms: u64,
+    /// Server-side statement timeout, in milliseconds, so a stuck query frees its connection.
+    pub statement_timeout_ms: u64,
+}
+
+/// Worker behaviour.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerSettings {
+    /// Messages decided at the same time.
+    pub concurrency: usize,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long a dispatched message id is remembered so a redelivery is not sent twice, in
+    /// seconds. Longer than the longest quota window, so a replay inside it is recognised too.
+    pub dedup_ttl_secs: u64,
+    /// First retry delay after a service failure, in milliseconds.
+    pub retry_initial_ms: u64,
+    /// Largest retry delay, in milliseconds.
+    pub retry_max_ms: u64,
+    /// On SIGTERM or SIGINT, how long in-flight messages may take to finish, in milliseconds;
+    /// messages still unacked after that return to the queue.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        RedisSettings {
+            url: DEFAULT_REDIS_URL.to_owned(),
+            cluster_urls: Vec::new(),
+            response_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Default for AmqpSettings {
+    fn default() -> Self {
+        AmqpSettings {
+            url: DEFAULT_AMQP_URL.to_owned(),
+            prefetch: 256,
+            queue_type: QueueType::Quorum,
+        }
+    }
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        DatabaseSettings {
+            url: DEFAULT_DATABASE_URL.to_owned(),
+            max_connections: 8,
+            acquire_timeout_ms: 5_000,
+            statement_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            concurrency: 256,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            dedup_ttl_secs: 8 * 24 * 3600,
+            retry_initial_ms: 100,
+            retry_max_ms: 10_000,
+            shutdown_timeout_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    namespace: Option<String>,
+    default_timezone: Option<String>,
+    #[serde(default)]
+    redis: RedisSettings,
+    #[serde(default)]
+    amqp: AmqpSettings,
+    #[serde(default)]
+    database: DatabaseSettings,
+    #[serde(default)]
+    worker: WorkerSettings,
+    #[serde(default)]
+    rules: Vec<RawRule>,
+}
+
+impl Settings {
+    /// Reads the file (if any), applies environment overrides from `env`, validates.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, ConfigError> {
+        let file = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                toml::from_str::<File>(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_owned(),
+                    message: e.to_string().trim_end().replace('\n', " "),
+                })?
+            }
+            None => File::default(),
+        };
+        Settings::from_file(file, env)
+    }
+
+    /// Parses settings from TOML text (no file), with environment overrides.
+    pub fn from_toml(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, ConfigError> {
+        let file = toml::from_str::<File>(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<inline>"),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        Settings::from_file(file, env)
+    }
+
+    fn from_file(
+        mut file: File,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, ConfigError> {
+        if let Some(url) = env("SENDQUOTA_REDIS_URL") {
+            file.redis.url = url;
+            file.redis.cluster_urls.clear();
+        }
+        if let Some(urls) = env("SENDQUOTA_REDIS_CLUSTER_URLS") {
+            file.redis.cluster_urls = urls.split(',').map(|u| u.trim().to_owned()).collect();
+        }
+        if let Some(url) = env("SENDQUOTA_AMQP_URL") {
+            file.amqp.url = url;
+        }
+        if let Some(url) = env("SENDQUOTA_DATABASE_URL") {
+            file.database.url = url;
+        }
+        let namespace = env("SENDQUOTA_NAMESPACE")
+            .or(file.namespace)
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+        check_namespace(&namespace)?;
+        let zone_name = file.default_timezone.unwrap_or_else(|| "UTC".to_owned());
+        let zone: Tz = zone_name
+            .parse()
+            .map_err(|_| ConfigError::UnknownTimeZone(zone_name.clone()))?;
+        let w = &file.worker;
+        if w.concurrency == 0 || file.amqp.prefetch == 0 {
+            return Err(ConfigError::Invalid(
+                "worker.concurrency and amqp.prefetch must be at least 1".to_owned(),
+            ));
+        }
+        if w.retry_initial_ms == 0 || w.retry_max_ms < w.retry_initial_ms {
+            return Err(ConfigError::Invalid(
+                "worker.retry_initial_ms must be at least 1 and at most worker.retry_max_ms"
+                    .to_owned(),
+            ));
+        }
+        let policy = Policy::from_raw(zone, file.rules)?;
+        Ok(Settings {
+            namespace,
+            redis: file.redis,
+            amqp: file.amqp,
+            database: file.database,
+            worker: file.worker,
+            policy,
+        })
+    }
+}
+
+fn check_namespace(ns: &str) -> Result<(), ConfigError> {
+    let ok = !ns.is_empty()
+        && ns.len() <= 64
+        && ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::BadNamespace(ns.to_owned()))
+    }
+}
+
+/// A URL with its password replaced by `***`, for logs and `config check`.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].find(':') {
+            Some(colon) => format!(
+                "{}{}:***{}",
+                &url[..scheme_end + 3],
+                &rest[..colon],
+                &rest[at..]
+            ),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn no_file_means_the_headline_rule_in_utc() {
+        let s = Settings::load(None, no_env).unwrap();
+        assert_eq!(s.namespace, "sendquota");
+        assert_eq!(s.policy.rules.len(), 1);
+        assert_eq!(s.policy.rules[0].name, "headline");
+        assert_eq!(s.policy.default_zone, chrono_tz::UTC);
+    }
+
+    #[test]
+    fn environment_overrides_connection_settings_and_namespace() {
+        let env = |k: &str| match k {
+            "SENDQUOTA_REDIS_URL" => Some("redis://elsewhere:1".to_owned()),
+            "SENDQUOTA_NAMESPACE" => Some("t1".to_owned()),
+            _ => None,
+        };
+        let s =
+            Settings::from_toml("namespace = \"file\"\n[redis]\nurl = \"redis://x\"", env).unwrap();
+        assert_eq!(s.redis.url, "redis://elsewhere:1");
+        assert_eq!(s.namespace, "t1");
+    }
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact_url("amqp://guest:secret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=x"),
+            "postgres://u@h/db?password=x"
+        );
+    }
+
+    #[test]
+    fn a_namespace_with_a_colon_is_refused() {
+        let env = |k: &str| (k == "SENDQUOTA_NAMESPACE").then(|| "a:b".to_owned());
+        let err = Settings::load(None, env).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "namespace \"a:b\" must be 1 to 64 characters of letters, digits, '_', '-' and '.'"
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! From every rule's verdict to one outcome for the message. Pure: no I/O, no clock.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::limiter::Verdict;
+use crate::policy::OnDeny;
+
+/// What happens to a message, decided from its rules' verdicts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Every enforcing rule allowed it: dispatch. Shadow rules that would have refused are
+    /// listed so they can be recorded.
+    Allow {
+        /// Verdicts of shadow rules that refused.
+        shadow_refusals: Vec<Verdict>,
+    },
+    /// A `drop` rule refused it: record the denial.
+    Deny {
+        /// The first refusing `drop` rule, in policy order: the rule the denial is recorded under.
+        rule: Verdict,
+        /// When every refusing rule would allow again (the latest of their `retry_after`).
+        retry_after: Option<DateTime<Utc>>,
+    },
+    /// Only `delay` rules refused it: park it until they would allow.
+    Delay {
+        /// The refusing delay rule that allows last.
+        rule: Verdict,
+        /// When to decide again.
+        until: DateTime<Utc>,
+    },
+}
+
+/// Outcome names as the CLI and API print them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeName {
+    /// Dispatched.
+    Allow,
+    /// Denied and recorded.
+    Deny,
+    /// Parked until retry_after.
+    Delay,
+    /// Dispatched, with would-be denials recorded.
+    Shadow,
+}
+
+/// Decides the outcome from the verdicts of every rule that applies, in policy order.
+pub fn decide(verdicts: &[Verdict]) -> Outcome {
+    let refusals = || verdicts.iter().filter(|v| !v.allowed);
+    let latest = |on_deny: &dyn Fn(OnDeny) -> bool| {
+        refusals()
+            .filter(|v| on_deny(v.on_deny))
+            .filter_map(|v| v.retry_after)
+            .max()
+    };
+    if let Some(first) = refusals().find(|v| v.on_deny == OnDeny::Drop) {
+        return Outcome::Deny {
+            rule: first.clone(),
+            retry_after: latest(&|d| d != OnDeny::Shadow),
+        };
+    }
+    let delayed = refusals()
+        .filter(|v| v.on_deny == OnDeny::Delay)
+        .max_by_key(|v| v.retry_after);
+    if let Some(rule) = delayed {
+        return match rule.retry_after {
+            Some(until) => Outcome::Delay {
+                rule: rule.clone(),
+                until,
+            },
+            // A refusal that cannot say when it ends cannot be waited for: deny instead.
+            None => Outcome::Deny {
+                rule: rule.clone(),
+                retry_after: None,
+            },
+        };
+    }
+    Outcome::Allow {
+        shadow_refusals: refusals().cloned().collect(),
+    }
+}
+
+impl Outcome {
+    /// The name printed for this outcome.
+    pub fn name(&self) -> OutcomeName {
+        match self {
+            Outcome::Allow { shadow_refusals } if shadow_refusals.is_empty() => OutcomeName::Allow,
+            Outcome::Allow { .. } => OutcomeName::Shadow,
+            Outcome::Deny { .. } => OutcomeName::Deny,
+            Outcome::Delay { .. } => OutcomeName::Delay,
+        }
+    }
+
+    /// The rule that decided the outcome, if any refused.
+    pub fn rule(&self) -> Option<&Verdict> {
+        match self {
+            Outcome::Allow { shadow_refusals } => shadow_refusals.first(),
+            Outcome::Deny { rule, .. } | Outcome::Delay { rule, .. } => Some(rule),
+        }
+    }
+
+    /// When the message could go out, for outcomes that hold it back.
+    pub fn retry_after(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Outcome::Allow { .. } => None,
+            Outcome::Deny { retry_after, .. } => *retry_after,
+            Outcome::Delay { until, .. } => Some(*until),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(rule: &str, on_deny: OnDeny, allowed: bool, retry_hour: Option<u32>) -> Verdict {
+        Verdict {
+            rule: rule.to_owned(),
+            kind: "calendar_quota",
+            on_deny,
+            allowed,
+            already: false,
+            remaining: 0,
+            retry_after: retry_hour.map(|h| format!("2026-01-01T{h:02}:00:00Z").parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn all_allowed_is_allow() {
+        let v = [verdict("a", OnDeny::Drop, true, None)];
+        assert_eq!(decide(&v).name(), OutcomeName::Allow);
+    }
+
+    #[test]
+    fn a_drop_refusal_wins_over_delay_and_waits_for_the_latest_rule() {
+        let v = [
+            verdict("d", OnDeny::Delay, false, Some(9)),
+            verdict("x", OnDeny::Drop, false, Some(5)),
+            verdict("s", OnDeny::Shadow, false, Some(23)),
+        ];
+        match decide(&v) {
+            Outcome::Deny { rule, retry_after } => {
+                assert_eq!(rule.rule, "x");
+                assert_eq!(retry_after, v[0].retry_after);
+            }
+            other => panic!("expected deny, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_delay_refusals_delay_until_the_latest() {
+        let v = [
+            verdict("d1", OnDeny::Delay, false, Some(3)),
+            verdict("d2", OnDeny::Delay, false, Some(4)),
+            verdict("ok", OnDeny::Drop, true, None),
+        ];
+        assert_eq!(decide(&v).retry_after(), v[1].retry_after);
+        assert_eq!(decide(&v).rule().map(|r| r.rule.as_str()), Some("d2"));
+    }
+
+    #[test]
+    fn shadow_refusals_alone_dispatch_as_shadow() {
+        let v = [
+            verdict("ok", OnDeny::Drop, true, None),
+            verdict("trial", OnDeny::Shadow, false, Some(1)),
+        ];
+        let outcome = decide(&v);
+        assert_eq!(outcome.name(), OutcomeName::Shadow);
+        assert_eq!(outcome.rule().map(|r| r.rule.as_str()), Some("trial"));
+    }
+}

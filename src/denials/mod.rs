@@ -1,0 +1,167 @@
+//! The denial history in Postgres: written by the worker, read by operators.
+//!
+//! A denial row is written before its message is acked, so a denial is never lost; the unique
+//! event index makes the write idempotent, so a redelivered message adds no second row.
+
+mod query;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::config::DatabaseSettings;
+use crate::message::SendRequest;
+
+pub use query::DenialFilter;
+
+/// Migrations, compiled in so the binary can apply them without the source tree.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Failures of the denial store.
+#[derive(Debug, thiserror::Error)]
+pub enum DenialError {
+    /// The URL could not be parsed.
+    #[error("bad database URL: {0}")]
+    Url(String),
+    /// Postgres could not be reached or failed the statement.
+    #[error("postgres: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations could not be applied.
+    #[error("postgres migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// A denial about to be recorded.
+#[derive(Debug, Clone)]
+pub struct NewDenial<'a> {
+    /// The refused message.
+    pub message: &'a SendRequest,
+    /// The rule that refused it.
+    pub rule: &'a str,
+    /// That rule's kind.
+    pub kind: &'a str,
+    /// Human-readable reason.
+    pub reason: String,
+    /// Whether the rule is in shadow mode (the message was dispatched anyway).
+    pub shadow: bool,
+    /// When the message could be sent.
+    pub retry_after: Option<DateTime<Utc>>,
+    /// The decision instant (the worker's clock).
+    pub denied_at: DateTime<Utc>,
+    /// The denial a replayed message came from, if it is a replay.
+    pub replay_of: Option<i64>,
+}
+
+/// A recorded denial, as operators see it.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Denial {
+    /// Row id; also the keyset pagination cursor.
+    pub id: i64,
+    /// The producer's message id.
+    pub message_id: String,
+    /// The recipient.
+    pub recipient: String,
+    /// The channel.
+    pub channel: String,
+    /// The category.
+    pub category: String,
+    /// The refusing rule's name.
+    pub rule: String,
+    /// The refusing rule's kind.
+    pub kind: String,
+    /// Why it refused.
+    pub reason: String,
+    /// Whether this was a shadow (would-be) denial.
+    pub shadow: bool,
+    /// When the message could be sent.
+    pub retry_after: Option<DateTime<Utc>>,
+    /// When it was denied.
+    pub denied_at: DateTime<Utc>,
+    /// When it was replayed, if it was.
+    pub replayed_at: Option<DateTime<Utc>>,
+    /// The denial this one's message was a replay of.
+    pub replay_of: Option<i64>,
+    /// The original request.
+    pub message: serde_json::Value,
+}
+
+/// Handle on the denials table.
+#[derive(Debug, Clone)]
+pub struct DenialStore {
+    pool: PgPool,
+}
+
+impl DenialStore {
+    /// Opens a pool with an acquire timeout and a server-side statement timeout, so neither a
+    /// dead connection nor a stuck query can hold the worker.
+    pub async fn connect(settings: &DatabaseSettings) -> Result<DenialStore, DenialError> {
+        let options = PgConnectOptions::from_str(&settings.url)
+            .map_err(|e| DenialError::Url(e.to_string()))?
+            .options([(
+                "statement_timeout",
+                settings.statement_timeout_ms.to_string(),
+            )]);
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .connect_with(options)
+            .await?;
+        Ok(DenialStore { pool })
+    }
+
+    /// Wraps an existing pool (tests, tools).
+    pub fn from_pool(pool: PgPool) -> DenialStore {
+        DenialStore { pool }
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> Result<(), DenialError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Records a denial; returns false when the same event was already recorded.
+    pub async fn insert(&self, d: &NewDenial<'_>) -> Result<bool, DenialError> {
+        let m = d.message;
+        let done = sqlx::query(
+            "INSERT INTO denials (message_id, recipient, channel, category, rule, kind, reason, \
+             shadow, retry_after, message, denied_at, replay_of) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&m.id)
+        .bind(&m.recipient)
+        .bind(&m.channel)
+        .bind(&m.category)
+        .bind(d.rule)
+        .bind(d.kind)
+        .bind(&d.reason)
+        .bind(d.shadow)
+        .bind(d.retry_after)
+        .bind(sqlx::types::Json(m.to_json()))
+        .bind(d.denied_at)
+        .bind(d.replay_of)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Denials matching `filter`, newest first.
+    pub async fn list(&self, filter: &DenialFilter) -> Result<Vec<Denial>, DenialError> {
+        Ok(filter
+            .build()
+            .build_query_as()
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Whether Postgres answers.
+    pub async fn ping(&self) -> Result<(), DenialError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

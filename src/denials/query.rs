@@ -1,0 +1,74 @@
+//! Filters over the denial history, turned into one parameterised query.
+
+use chrono::{DateTime, Utc};
+use sqlx::{Postgres, QueryBuilder};
+
+/// Largest page a query returns, whatever the caller asks for.
+pub const MAX_LIMIT: i64 = 10_000;
+
+/// What an operator asks of the history. Every field narrows the result; `after` continues a
+/// previous page (keyset pagination on the row id, newest first).
+#[derive(Debug, Clone, Default)]
+pub struct DenialFilter {
+    /// Only this recipient.
+    pub recipient: Option<String>,
+    /// Only this rule.
+    pub rule: Option<String>,
+    /// Only this channel.
+    pub channel: Option<String>,
+    /// Only this category.
+    pub category: Option<String>,
+    /// Denied at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Denied before.
+    pub until: Option<DateTime<Utc>>,
+    /// Only shadow (true) or only real (false) denials.
+    pub shadow: Option<bool>,
+    /// Only replayed (true) or only unreplayed (false) denials.
+    pub replayed: Option<bool>,
+    /// Rows with an id below this one (the last id of the previous page).
+    pub after: Option<i64>,
+    /// Page size.
+    pub limit: i64,
+}
+
+impl DenialFilter {
+    /// The query, every value a bound parameter.
+    pub(super) fn build(&self) -> QueryBuilder<Postgres> {
+        let mut q = QueryBuilder::new(
+            "SELECT id, message_id, recipient, channel, category, rule, kind, reason, shadow, \
+             retry_after, denied_at, replayed_at, replay_of, message FROM denials WHERE TRUE",
+        );
+        let text_filters = [
+            ("recipient", &self.recipient),
+            ("rule", &self.rule),
+            ("channel", &self.channel),
+            ("category", &self.category),
+        ];
+        for (column, value) in text_filters {
+            if let Some(v) = value {
+                q.push(format_args!(" AND {column} = ")).push_bind(v);
+            }
+        }
+        if let Some(since) = self.since {
+            q.push(" AND denied_at >= ").push_bind(since);
+        }
+        if let Some(until) = self.until {
+            q.push(" AND denied_at < ").push_bind(until);
+        }
+        if let Some(shadow) = self.shadow {
+            q.push(" AND shadow = ").push_bind(shadow);
+        }
+        match self.replayed {
+            Some(true) => q.push(" AND replayed_at IS NOT NULL"),
+            Some(false) => q.push(" AND replayed_at IS NULL"),
+            None => &mut q,
+        };
+        if let Some(after) = self.after {
+            q.push(" AND id < ").push_bind(after);
+        }
+        q.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(self.limit.clamp(1, MAX_LIMIT));
+        q
+    }
+}

@@ -1,0 +1,32 @@
+//! sendquota: a worker that enforces message-send quotas.
+//!
+//! Producers publish send requests to RabbitMQ; the worker decides each one against every
+//! frequency cap and rate limit that applies, atomically in Redis, and dispatches, delays or
+//! denies it. Data flows one way through these modules:
+//!
+//! ```text
+//! worker (delivery) -> message (decode, validate) -> policy (which rules apply)
+//!   -> limiter (one Lua script call per scope, all-or-nothing; refunds across scopes)
+//!   -> decision (pure: verdicts -> allow / deny / delay / shadow)
+//!   -> pipeline (make the outcome durable: broker publish, denials row, delay queue)
+//!   -> worker (ack only after that; retry with backoff on any service failure)
+//! ```
+//!
+//! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store`
+//! (the Redis connection, single or cluster), `broker` (RabbitMQ topology and confirmed
+//! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice),
+//! `denials` (the Postgres history operators query), `cli` (the `sendquota` command).
+
+pub mod broker;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod decision;
+pub mod denials;
+pub mod limiter;
+pub mod message;
+pub mod pipeline;
+pub mod policy;
+pub mod sent;
+pub mod store;
+pub mod worker;

@@ -1,0 +1,133 @@
+//! Local calendar days as plain numbers, and the instants they begin at.
+//!
+//! The calendar quota keeps each admitted send under the number of the recipient's local day
+//! (days since 1970-01-01 in that zone's calendar). Windows of N days are ranges of day numbers,
+//! never multiples of 86,400 seconds, so a 23- or 25-hour day is still one day. Turning a day
+//! number back into an instant goes through chrono-tz and handles days whose midnight does not
+//! exist (a clock change at 00:00) or happens twice.
+
+use chrono::{DateTime, Duration, NaiveDate, NaiveTime, TimeZone, Utc};
+use chrono_tz::Tz;
+
+/// A local calendar day, counted from 1970-01-01 in the zone's own calendar.
+pub type DayNumber = i64;
+
+fn epoch() -> NaiveDate {
+    NaiveDate::from_ymd_opt(1970, 1, 1).expect("1970-01-01 is a valid date")
+}
+
+/// The local day number of `at` in `zone`.
+pub fn day_number(at: DateTime<Utc>, zone: Tz) -> DayNumber {
+    let local = zone.from_utc_datetime(&at.naive_utc()).date_naive();
+    (local - epoch()).num_days()
+}
+
+/// The first instant at which the local date in `zone` is `day`.
+///
+/// Normally local midnight; where a clock change skips midnight it is the end of the gap (for
+/// example 01:00 in America/Santiago on the day DST starts); where midnight happens twice it is
+/// the earlier one. A day that a zone skipped entirely (Pacific/Apia, 2011-12-30) begins when
+/// the next day does.
+pub fn day_start(day: DayNumber, zone: Tz) -> DateTime<Utc> {
+    let mut day = day;
+    loop {
+        if let Some(start) = first_instant_of(epoch() + Duration::days(day), zone) {
+            return start;
+        }
+        day += 1;
+    }
+}
+
+fn first_instant_of(date: NaiveDate, zone: Tz) -> Option<DateTime<Utc>> {
+    // Scan local minutes from midnight until one exists: gaps begin and end on whole minutes in
+    // every zone's modern rules, and are at most a day long.
+    for minute in 0..24 * 60 {
+        let naive = date.and_time(NaiveTime::MIN) + Duration::minutes(minute);
+        if let Some(found) = zone.from_local_datetime(&naive).earliest() {
+            let found = found.with_timezone(&Utc);
+            return Some(if minute == 0 {
+                found
+            } else {
+                end_of_gap(found, date, zone)
+            });
+        }
+    }
+    None
+}
+
+/// Narrows the instant where a gap ends (the zone's transition) to the millisecond, for gaps
+/// of historic zones whose offsets had seconds: the result is the earliest instant within the
+/// minute before `found` whose local date is `date`.
+fn end_of_gap(found: DateTime<Utc>, date: NaiveDate, zone: Tz) -> DateTime<Utc> {
+    let on_date = |t: DateTime<Utc>| zone.from_utc_datetime(&t.naive_utc()).date_naive() == date;
+    let (mut lo, mut hi) = (found - Duration::minutes(1), found);
+    if on_date(lo) {
+        return lo;
+    }
+    while hi - lo > Duration::milliseconds(1) {
+        let mid = lo + (hi - lo) / 2;
+        if on_date(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono_tz::{America, Australia, Pacific, UTC};
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn one_minute_before_and_after_local_midnight_are_different_days() {
+        let zone = America::New_York;
+        let before = day_number(utc("2026-03-08T04:59:00Z"), zone); // 23:59 EST on 03-07
+        let after = day_number(utc("2026-03-08T05:01:00Z"), zone); // 00:01 EST on 03-08
+        assert_eq!(after - before, 1);
+    }
+
+    #[test]
+    fn a_23_hour_day_is_one_day() {
+        let zone = America::New_York;
+        let start = day_start(day_number(utc("2026-03-08T12:00:00Z"), zone), zone);
+        let next = day_start(day_number(utc("2026-03-09T12:00:00Z"), zone), zone);
+        assert_eq!(start, utc("2026-03-08T05:00:00Z"));
+        assert_eq!(next - start, Duration::hours(23));
+    }
+
+    #[test]
+    fn a_day_whose_midnight_is_skipped_starts_at_one_in_the_morning() {
+        // Santiago moves from -04 to -03 at 24:00 on Saturday 2026-09-05.
+        let zone = America::Santiago;
+        let day = day_number(utc("2026-09-06T12:00:00Z"), zone);
+        assert_eq!(day_start(day, zone), utc("2026-09-06T04:00:00Z"));
+    }
+
+    #[test]
+    fn lord_howe_days_change_by_thirty_minutes() {
+        let zone = Australia::Lord_Howe;
+        let day = day_number(utc("2026-10-04T12:00:00Z"), zone);
+        let a = day_start(day, zone);
+        let b = day_start(day + 1, zone);
+        assert_eq!(b - a, Duration::minutes(24 * 60 - 30));
+    }
+
+    #[test]
+    fn a_skipped_day_begins_with_the_next_one() {
+        let zone = Pacific::Apia;
+        let dec29 = day_number(utc("2011-12-29T12:00:00Z"), zone);
+        assert_eq!(day_start(dec29 + 1, zone), day_start(dec29 + 2, zone));
+    }
+
+    #[test]
+    fn utc_day_numbers_count_from_the_epoch() {
+        assert_eq!(day_number(utc("1970-01-02T00:00:00Z"), UTC), 1);
+        assert_eq!(day_start(1, UTC), utc("1970-01-02T00:00:00Z"));
+    }
+}

@@ -1,0 +1,90 @@
+//! Redis key names: namespace, scope hash tag, rule.
+//!
+//! A key looks like `<ns>:{r:<recipient>}:<rule>:<kind>`. The part in braces is the Redis
+//! Cluster hash tag, so every key of one scope lands on one slot and a scope's rules can be
+//! checked in one script call. Ids from messages are percent-encoded so that no byte of theirs
+//! can close the hash tag early, open a second one, or add a `:` segment: two different
+//! recipients always get different keys, and a recipient's keys always share its tag.
+
+use std::fmt::Write;
+
+use crate::policy::ScopeValue;
+
+/// Bytes that may appear in a key segment as they are; everything else is `%XX`.
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b'+')
+}
+
+/// Percent-encodes an id for use inside a key segment. The output never contains `{`, `}`,
+/// `:` or whitespace, and different inputs give different outputs.
+pub fn encode(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for &b in id.as_bytes() {
+        if is_plain(b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The hash tag (braces included) shared by all keys of one scope value.
+pub fn scope_tag(scope: &ScopeValue<'_>) -> String {
+    match scope {
+        ScopeValue::Recipient(r) => format!("{{r:{}}}", encode(r)),
+        ScopeValue::Channel(c) => format!("{{c:{}}}", encode(c)),
+        ScopeValue::Category(c) => format!("{{k:{}}}", encode(c)),
+        ScopeValue::Global => "{g}".to_owned(),
+    }
+}
+
+/// The key that holds one rule's state for one scope value. The kind is part of the name so a
+/// rule whose kind changes starts afresh instead of reading another kind's data structure, while
+/// a rule whose limits change keeps its counters.
+pub fn rule_key(namespace: &str, tag: &str, rule: &str, kind: &str) -> String {
+    format!("{namespace}:{tag}:{rule}:{kind}")
+}
+
+/// The key that records that a message id has been dispatched.
+pub fn sent_key(namespace: &str, message_id: &str) -> String {
+    format!("{namespace}:sent:{{{}}}", encode(message_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slot Redis Cluster hashes a key to is decided by the first `{...}` with content.
+    fn cluster_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn braces_and_colons_in_a_recipient_cannot_change_the_key_shape() {
+        let tag = scope_tag(&ScopeValue::Recipient("a}{b:c"));
+        let key = rule_key("ns", &tag, "daily", "calendar_quota");
+        assert_eq!(key, "ns:{r:a%7D%7Bb%3Ac}:daily:calendar_quota");
+        assert_eq!(cluster_tag(&key), "r:a%7D%7Bb%3Ac");
+        assert_eq!(key.matches(':').count(), 4);
+    }
+
+    #[test]
+    fn recipients_that_differ_only_in_escapes_get_different_keys() {
+        let a = scope_tag(&ScopeValue::Recipient("a:b"));
+        let b = scope_tag(&ScopeValue::Recipient("a%3Ab"));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn unicode_and_control_bytes_are_encoded() {
+        assert_eq!(encode("Łí\u{1}"), "%C5%81%C3%AD%01");
+    }
+}

@@ -1,0 +1,223 @@
+//! Checking and consuming quota in Redis.
+//!
+//! The rules that apply to a message are grouped by scope. Each scope is one script call that
+//! checks every rule of the scope and then commits all of them or none. Scopes are called one
+//! after another; if a later scope refuses, what earlier scopes took for this message id is
+//! refunded, so a message that is not dispatched leaves no quota consumed.
+
+pub mod calendar;
+mod calendar_quota;
+pub mod keys;
+pub mod script;
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use serde::Serialize;
+
+use crate::message::SendRequest;
+use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
+use crate::store::RedisConn;
+use script::{Mode, RawResult, ScopeReply, SCRIPT};
+
+/// Failures talking to Redis. Any of them means "decide this message again later".
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    /// Redis was unreachable, timed out, or the script failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// One rule's verdict on one message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The rule's name.
+    pub rule: String,
+    /// The rule's kind.
+    pub kind: &'static str,
+    /// What the rule's refusal does.
+    #[serde(skip)]
+    pub on_deny: OnDeny,
+    /// Whether the rule admits the message.
+    pub allowed: bool,
+    /// Whether the message id had been admitted before (nothing consumed again).
+    #[serde(skip)]
+    pub already: bool,
+    /// What the rule still allows after this decision.
+    pub remaining: i64,
+    /// When the rule would next admit a send; `None` when it admits this one.
+    pub retry_after: Option<DateTime<Utc>>,
+}
+
+/// Every applicable rule's verdict, and whether quota was consumed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// Verdicts in policy order.
+    pub verdicts: Vec<Verdict>,
+    /// True when every scope committed (the message may be dispatched); always false for
+    /// a dry run.
+    pub committed: bool,
+}
+
+/// Runs policy rules against Redis state.
+#[derive(Clone)]
+pub struct Limiter {
+    conn: RedisConn,
+    namespace: String,
+}
+
+/// A scope's rules with the keys and arguments of its script call.
+struct ScopeCall<'r> {
+    rules: Vec<(usize, &'r Rule)>,
+    keys: Vec<String>,
+    /// ARGV after NOW_MS, MESSAGE_ID and MODE (see lua/decide.lua).
+    rule_args: Vec<String>,
+}
+
+impl ScopeCall<'_> {
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut RedisConn,
+        now: DateTime<Utc>,
+        message_id: &str,
+        mode: Mode,
+    ) -> redis::RedisResult<T> {
+        let mut invocation = SCRIPT.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        invocation
+            .arg(now.timestamp_millis())
+            .arg(message_id)
+            .arg(mode.arg());
+        for arg in &self.rule_args {
+            invocation.arg(arg);
+        }
+        invocation.invoke_async(conn).await
+    }
+}
+
+impl Limiter {
+    /// A limiter keeping its keys under `namespace`.
+    pub fn new(conn: RedisConn, namespace: impl Into<String>) -> Limiter {
+        Limiter {
+            conn,
+            namespace: namespace.into(),
+        }
+    }
+
+    /// The connection, for callers that share it (sent marks, health checks).
+    pub fn conn(&self) -> &RedisConn {
+        &self.conn
+    }
+
+    /// Decides `message` at `now` against every rule of `policy` that applies. With `commit`
+    /// the quota is consumed when the message may go out; without it nothing is written.
+    pub async fn evaluate(
+        &self,
+        policy: &Policy,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        commit: bool,
+    ) -> Result<Evaluation, LimiterError> {
+        let rules = policy.rules_for(message);
+        let zone = message.zone(policy.default_zone);
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; rules.len()];
+        let mut taken: Vec<ScopeCall<'_>> = Vec::new();
+        let mut blocked = false;
+        let mut conn = self.conn.clone();
+        for call in self.scope_calls(&rules, message, now, zone) {
+            let mode = if commit && !blocked {
+                Mode::Commit
+            } else {
+                Mode::Check
+            };
+            let reply: ScopeReply = call.invoke(&mut conn, now, &message.id, mode).await?;
+            for (&(index, rule), raw) in call.rules.iter().zip(&reply.results) {
+                verdicts[index] = Some(verdict(rule, raw, zone));
+            }
+            if mode == Mode::Commit && reply.committed {
+                taken.push(call);
+            } else {
+                blocked = true;
+            }
+        }
+        if blocked {
+            for call in &taken {
+                let _: redis::Value = call
+                    .invoke(&mut conn, now, &message.id, Mode::Refund)
+                    .await?;
+            }
+        }
+        Ok(Evaluation {
+            verdicts: verdicts.into_iter().flatten().collect(),
+            committed: commit && !blocked,
+        })
+    }
+
+    /// Groups rules by scope (recipient first: it refuses most often, so later scopes are
+    /// rarely committed and refunded) and builds each scope's script arguments.
+    fn scope_calls<'r>(
+        &self,
+        rules: &[&'r Rule],
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        zone: Tz,
+    ) -> Vec<ScopeCall<'r>> {
+        let mut by_scope: BTreeMap<Scope, Vec<(usize, &'r Rule)>> = BTreeMap::new();
+        for (index, rule) in rules.iter().enumerate() {
+            by_scope.entry(rule.scope).or_default().push((index, rule));
+        }
+        by_scope
+            .into_iter()
+            .map(|(scope, rules)| {
+                let tag = keys::scope_tag(&scope.of(message));
+                let mut rule_keys = Vec::with_capacity(rules.len());
+                let mut rule_args = vec![rules.len().to_string()];
+                for (_, rule) in &rules {
+                    let name = rule.kind.name();
+                    rule_keys.push(keys::rule_key(&self.namespace, &tag, &rule.name, name));
+                    let args = kind_args(&rule.kind, now, zone);
+                    rule_args.push(name.to_owned());
+                    rule_args.push(u8::from(rule.on_deny != OnDeny::Shadow).to_string());
+                    rule_args.push(args.len().to_string());
+                    rule_args.extend(args.iter().map(i64::to_string));
+                }
+                ScopeCall {
+                    rules,
+                    keys: rule_keys,
+                    rule_args,
+                }
+            })
+            .collect()
+    }
+}
+
+fn kind_args(kind: &Kind, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
+    match kind {
+        Kind::CalendarQuota(q) => calendar_quota::args(q, now, zone).to_vec(),
+    }
+}
+
+fn verdict(rule: &Rule, raw: &RawResult, zone: Tz) -> Verdict {
+    let retry_after = match &rule.kind {
+        Kind::CalendarQuota(_) => calendar_quota::retry_after(raw.retry, zone),
+    };
+    Verdict {
+        rule: rule.name.clone(),
+        kind: rule.kind.name(),
+        on_deny: rule.on_deny,
+        allowed: raw.allowed,
+        already: raw.already,
+        remaining: raw.remaining,
+        retry_after: if raw.allowed { None } else { retry_after },
+    }
+}
+
+/// Why a rule refused, for denial rows.
+pub fn reason(rule: &Rule) -> String {
+    match &rule.kind {
+        Kind::CalendarQuota(q) => calendar_quota::reason(q),
+    }
+}

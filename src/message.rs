@@ -1,0 +1,277 @@
+//! The send request producers publish, decoded and validated at the edge.
+//!
+//! Everything after this module works with [`SendRequest`], whose fields are already known to be
+//! well formed: ids are non-empty, short and free of control characters, the time zone exists,
+//! the cost is positive. A body that is not such a request becomes an [`InvalidMessage`] that
+//! names the reason, so the worker can route it to the invalid queue instead of failing.
+
+use std::fmt;
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+/// Largest body the worker accepts by default; larger ones are invalid (a producer bug, or an
+/// attempt to make the worker buffer arbitrary amounts of memory).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
+/// Longest message id, in characters: ids are keys in Redis and Postgres, and UUIDs, ULIDs and
+/// most composite producer ids fit comfortably.
+pub const MAX_ID_CHARS: usize = 128;
+/// Longest recipient id, in characters (e-mail addresses can reach 254).
+pub const MAX_RECIPIENT_CHARS: usize = 256;
+/// Longest channel or category name, in characters.
+pub const MAX_NAME_CHARS: usize = 64;
+/// Largest `cost` a request may ask for; keeps arithmetic in the scripts far from overflow.
+pub const MAX_COST: u32 = 1_000_000;
+
+/// Why a body is not a valid send request. The `Display` text is what lands in the invalid
+/// queue's reason header, so it names the field and the rule it broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidMessage {
+    /// The body is larger than the configured limit.
+    #[error("body is {size} bytes, more than the limit of {limit}")]
+    TooLarge {
+        /// Size of the rejected body.
+        size: usize,
+        /// The configured maximum.
+        limit: usize,
+    },
+    /// The body is not UTF-8 JSON of the expected shape (includes unknown fields).
+    #[error("not a valid send request: {0}")]
+    Malformed(String),
+    /// A required field is absent.
+    #[error("missing field `{0}`")]
+    MissingField(&'static str),
+    /// A string field is empty.
+    #[error("field `{0}` is empty")]
+    Empty(&'static str),
+    /// A string field is longer than allowed.
+    #[error("field `{field}` is {len} characters, more than the limit of {limit}")]
+    TooLong {
+        /// The offending field.
+        field: &'static str,
+        /// Its length in characters.
+        len: usize,
+        /// The limit for that field.
+        limit: usize,
+    },
+    /// A string field holds a control character.
+    #[error("field `{0}` contains a control character")]
+    ControlCharacter(&'static str),
+    /// The time zone is not an IANA zone name.
+    #[error("unknown time zone {0:?}")]
+    UnknownTimeZone(String),
+    /// The cost is zero or too large.
+    #[error("field `cost` must be between 1 and {MAX_COST}, got {0}")]
+    BadCost(i64),
+}
+
+/// A validated request to send one message to one recipient.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendRequest {
+    /// The producer's unique id: the idempotency key for quotas, dispatch and denials.
+    pub id: String,
+    /// Who receives the message; quotas of scope `recipient` are kept per recipient.
+    pub recipient: String,
+    /// The sending channel (sms, push, email, ...); also the dispatch routing key.
+    pub channel: String,
+    /// The message category (marketing, transactional, ...); `default` when absent.
+    pub category: String,
+    /// The recipient's zone, if the producer named one; otherwise the configured default applies.
+    pub timezone: Option<Tz>,
+    /// Tokens the message takes from token buckets.
+    pub cost: u32,
+    /// Opaque content passed on to the senders.
+    pub payload: serde_json::Value,
+}
+
+/// The wire shape, deserialised before validation. Unknown fields are rejected so that a typo
+/// such as `timezon` is reported instead of silently falling back to the default zone.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    id: Option<String>,
+    recipient: Option<String>,
+    channel: Option<String>,
+    category: Option<String>,
+    timezone: Option<String>,
+    cost: Option<i64>,
+    #[serde(default)]
+    payload: serde_json::Value,
+}
+
+impl SendRequest {
+    /// Decodes and validates a body as it arrives from the broker.
+    pub fn decode(body: &[u8], max_body_bytes: usize) -> Result<SendRequest, InvalidMessage> {
+        if body.len() > max_body_bytes {
+            return Err(InvalidMessage::TooLarge {
+                size: body.len(),
+                limit: max_body_bytes,
+            });
+        }
+        let wire: Wire =
+            serde_json::from_slice(body).map_err(|e| InvalidMessage::Malformed(e.to_string()))?;
+        let id = required("id", wire.id, MAX_ID_CHARS)?;
+        let recipient = required("recipient", wire.recipient, MAX_RECIPIENT_CHARS)?;
+        let channel = required("channel", wire.channel, MAX_NAME_CHARS)?;
+        let category = match wire.category {
+            Some(c) => checked("category", c, MAX_NAME_CHARS)?,
+            None => "default".to_owned(),
+        };
+        let timezone = match wire.timezone {
+            Some(name) => Some(
+                name.parse::<Tz>()
+                    .map_err(|_| InvalidMessage::UnknownTimeZone(name))?,
+            ),
+            None => None,
+        };
+        let cost = match wire.cost {
+            None => 1,
+            Some(c) if (1..=i64::from(MAX_COST)).contains(&c) => c as u32,
+            Some(c) => return Err(InvalidMessage::BadCost(c)),
+        };
+        Ok(SendRequest {
+            id,
+            recipient,
+            channel,
+            category,
+            timezone,
+            cost,
+            payload: wire.payload,
+        })
+    }
+
+    /// The request as JSON, with defaults filled in: what dispatch publishes and what a denial
+    /// row keeps, so a replay sends exactly what was decided on.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "id": self.id,
+            "recipient": self.recipient,
+            "channel": self.channel,
+            "category": self.category,
+            "cost": self.cost,
+            "payload": self.payload,
+        });
+        if let Some(tz) = self.timezone {
+            v["timezone"] = serde_json::Value::String(tz.name().to_owned());
+        }
+        v
+    }
+
+    /// The zone the recipient's calendar days are counted in.
+    pub fn zone(&self, default: Tz) -> Tz {
+        self.timezone.unwrap_or(default)
+    }
+}
+
+impl fmt::Display for SendRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "message {:?} to {:?} via {}",
+            self.id, self.recipient, self.channel
+        )
+    }
+}
+
+fn required(
+    field: &'static str,
+    value: Option<String>,
+    limit: usize,
+) -> Result<String, InvalidMessage> {
+    checked(
+        field,
+        value.ok_or(InvalidMessage::MissingField(field))?,
+        limit,
+    )
+}
+
+fn checked(field: &'static str, value: String, limit: usize) -> Result<String, InvalidMessage> {
+    if value.is_empty() {
+        return Err(InvalidMessage::Empty(field));
+    }
+    let len = value.chars().count();
+    if len > limit {
+        return Err(InvalidMessage::TooLong { field, len, limit });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(InvalidMessage::ControlCharacter(field));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(body: &str) -> Result<SendRequest, InvalidMessage> {
+        SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES)
+    }
+
+    #[test]
+    fn a_full_request_decodes_with_every_field() {
+        let m = decode(
+            r#"{"id":"m1","recipient":"u","channel":"sms","category":"marketing",
+                "timezone":"Asia/Shanghai","cost":3,"payload":{"a":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(m.id, "m1");
+        assert_eq!(m.category, "marketing");
+        assert_eq!(m.timezone, Some(chrono_tz::Asia::Shanghai));
+        assert_eq!(m.cost, 3);
+        assert_eq!(m.payload, serde_json::json!({"a": 1}));
+    }
+
+    #[test]
+    fn optional_fields_take_their_defaults() {
+        let m = decode(r#"{"id":"m1","recipient":"u","channel":"sms"}"#).unwrap();
+        assert_eq!(m.category, "default");
+        assert_eq!(m.timezone, None);
+        assert_eq!(m.cost, 1);
+        assert_eq!(m.payload, serde_json::Value::Null);
+    }
+
+    #[test]
+    fn each_broken_field_is_named_in_the_reason() {
+        let cases = [
+            (r#"{"recipient":"u","channel":"sms"}"#, "missing field `id`"),
+            (
+                r#"{"id":"","recipient":"u","channel":"sms"}"#,
+                "field `id` is empty",
+            ),
+            (
+                r#"{"id":"a\u0007b","recipient":"u","channel":"sms"}"#,
+                "field `id` contains a control character",
+            ),
+            (
+                r#"{"id":"m","recipient":"u","channel":"sms","cost":0}"#,
+                "field `cost` must be between 1 and 1000000, got 0",
+            ),
+            (
+                r#"{"id":"m","recipient":"u","channel":"sms","timezone":"Mars/Olympus"}"#,
+                "unknown time zone \"Mars/Olympus\"",
+            ),
+        ];
+        for (body, reason) in cases {
+            assert_eq!(decode(body).unwrap_err().to_string(), reason, "{body}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_so_typos_cannot_change_the_zone() {
+        let err = decode(r#"{"id":"m","recipient":"u","channel":"sms","timezon":"UTC"}"#);
+        assert!(matches!(err, Err(InvalidMessage::Malformed(e)) if e.contains("timezon")));
+    }
+
+    #[test]
+    fn a_body_one_byte_over_the_limit_is_too_large() {
+        let body = br#"{"id":"m","recipient":"u","channel":"sms"}"#;
+        assert!(SendRequest::decode(body, body.len()).is_ok());
+        assert_eq!(
+            SendRequest::decode(body, body.len() - 1),
+            Err(InvalidMessage::TooLarge {
+                size: body.len(),
+                limit: body.len() - 1
+            })
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! One message, start to finish, minus the ack: decode -> policy -> decide -> outcome.
+//!
+//! [`Pipeline::handle`] returns only once the outcome is durable somewhere else (dispatched
+//! with a publisher confirm, denial row committed, parked in a delay queue, or routed to the
+//! invalid queue). The caller acks after that, and on an error retries the whole step: every
+//! part of it is idempotent by message id, so a retry never consumes quota twice.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use lapin::BasicProperties;
+
+use crate::broker::{self, BrokerError, Names, Publisher};
+use crate::clock::Clock;
+use crate::decision::{self, Outcome};
+use crate::denials::{DenialError, DenialStore, NewDenial};
+use crate::limiter::{self, Limiter, LimiterError, Verdict};
+use crate::message::SendRequest;
+use crate::policy::Policy;
+use crate::sent::SentMarks;
+use crate::worker::Failpoint;
+
+/// What happened to a message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// Published to the dispatch exchange; `shadow` rules would have refused it.
+    Dispatched {
+        /// Shadow rules that would have refused.
+        shadow: Vec<String>,
+    },
+    /// Denied by `rule`; a denial row was written.
+    Denied {
+        /// The rule the denial is recorded under.
+        rule: String,
+    },
+    /// Parked until `until`.
+    Delayed {
+        /// When it will be decided again.
+        until: DateTime<Utc>,
+    },
+    /// Not a valid request; sent to the invalid queue.
+    Invalid {
+        /// Why.
+        reason: String,
+    },
+    /// Already dispatched earlier (a redelivery); nothing done.
+    Duplicate,
+}
+
+/// A failure that leaves the message unacked, to be retried.
+#[derive(Debug, thiserror::Error)]
+pub enum HandleError {
+    /// Redis failed during the decision.
+    #[error(transparent)]
+    Limiter(#[from] LimiterError),
+    /// Redis failed reading or writing a dispatch mark.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Postgres failed writing a denial.
+    #[error(transparent)]
+    Denials(#[from] DenialError),
+    /// RabbitMQ failed a publish.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// Everything a message's decision needs, shared by all in-flight messages.
+pub struct Pipeline {
+    /// The validated rules.
+    pub policy: Arc<Policy>,
+    /// Quota state in Redis.
+    pub limiter: Limiter,
+    /// Dispatch marks in Redis.
+    pub sent: SentMarks,
+    /// The denial history.
+    pub denials: DenialStore,
+    /// The worker's clock.
+    pub clock: Arc<dyn Clock>,
+    /// Exchange and queue names.
+    pub names: Names,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// A deliberate stop for crash tests; `None` in production.
+    pub failpoint: Option<Failpoint>,
+}
+
+impl Pipeline {
+    /// Decides one delivery and makes its outcome durable, publishing through `publisher`.
+    pub async fn handle(
+        &self,
+        publisher: &Publisher,
+        body: &[u8],
+        properties: &BasicProperties,
+    ) -> Result<Handled, HandleError> {
+        let message = match SendRequest::decode(body, self.max_body_bytes) {
+            Ok(m) => m,
+            Err(invalid) => {
+                let reason = invalid.to_string();
+                let id = properties.message_id().as_ref().map(|s| s.as_str());
+                let props = broker::json_properties(id, &[(broker::REASON_HEADER, reason.clone())]);
+                publisher
+                    .publish("", &self.names.invalid, body, props)
+                    .await?;
+                return Ok(Handled::Invalid { reason });
+            }
+        };
+        if self.sent.is_sent(&message.id).await? {
+            return Ok(Handled::Duplicate);
+        }
+        let now = self.clock.now();
+        let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
+            .and_then(|v| v.parse::<i64>().ok());
+        let evaluation = self
+            .limiter
+            .evaluate(&self.policy, &message, now, true)
+            .await?;
+        match decision::decide(&evaluation.verdicts) {
+            Outcome::Allow { shadow_refusals } => {
+                for verdict in &shadow_refusals {
+                    self.record(&message, verdict, true, verdict.retry_after, now, replay_of)
+                        .await?;
+                }
+                if self.failpoint == Some(Failpoint::HangAfterAdmit) && evaluation.committed {
+                    tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
+                    std::future::pending::<()>().await;
+                }
+                let props = broker::json_properties(Some(&message.id), &[]);
+                publisher
+                    .publish(&self.names.dispatch, &message.channel, body, props)
+                    .await?;
+                self.sent.mark(&message.id).await?;
+                Ok(Handled::Dispatched {
+                    shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
+                })
+            }
+            Outcome::Deny { rule, retry_after } => {
+                self.record(&message, &rule, false, retry_after, now, replay_of)
+                    .await?;
+                Ok(Handled::Denied { rule: rule.rule })
+            }
+            Outcome::Delay { until, .. } => {
+                let queue = self.names.delay_queue(broker::delay_tier(now, until));
+                let mut headers = vec![(broker::DELAYED_UNTIL_HEADER, until.to_rfc3339())];
+                if let Some(denial) = replay_of {
+                    headers.push((broker::REPLAY_OF_HEADER, denial.to_string()));
+                }
+                let props = broker::json_properties(Some(&message.id), &headers);
+                publisher.publish("", &queue, body, props).await?;
+                Ok(Handled::Delayed { until })
+            }
+        }
+    }
+
+    async fn record(
+        &self,
+        message: &SendRequest,
+        verdict: &Verdict,
+        shadow: bool,
+        retry_after: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+        replay_of: Option<i64>,
+    ) -> Result<(), DenialError> {
+        let reason = self
+            .policy
+            .rule(&verdict.rule)
+            .map(limiter::reason)
+            .unwrap_or_default();
+        self.denials
+            .insert(&NewDenial {
+                message,
+                rule: &verdict.rule,
+                kind: verdict.kind,
+                reason,
+                shadow,
+                retry_after,
+                denied_at: now,
+                replay_of,
+            })
+            .await?;
+        Ok(())
+    }
+}

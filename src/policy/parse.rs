@@ -1,0 +1,128 @@
+//! Building a [`Policy`] from the `[[rules]]` of the configuration, with exact errors.
+
+use std::collections::HashSet;
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+use super::{Kind, Match, OnDeny, Policy, Rule, Scope};
+
+/// Longest rule name; names are part of Redis keys and denial rows.
+const MAX_RULE_NAME: usize = 64;
+
+/// Why a policy was refused. Messages name the rule and the parameter at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A rule's kind or parameters are invalid.
+    #[error("rule \"{rule}\": {message}")]
+    Rule {
+        /// Name of the rule at fault.
+        rule: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// Two rules share a name.
+    #[error("duplicate rule name \"{0}\"")]
+    DuplicateName(String),
+}
+
+/// A rule as written in configuration, before validation.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawRule {
+    name: String,
+    kind: String,
+    #[serde(default)]
+    scope: Option<Scope>,
+    #[serde(default)]
+    on_deny: Option<OnDeny>,
+    #[serde(default, rename = "match")]
+    matcher: Option<RawMatch>,
+    #[serde(flatten)]
+    params: toml::Table,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    #[serde(default)]
+    channels: Vec<String>,
+    #[serde(default)]
+    categories: Vec<String>,
+}
+
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "recipient" => Ok(Scope::Recipient),
+            "channel" => Ok(Scope::Channel),
+            "category" => Ok(Scope::Category),
+            "global" => Ok(Scope::Global),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown scope \"{other}\" (expected recipient, channel, category or global)"
+            ))),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OnDeny {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "drop" => Ok(OnDeny::Drop),
+            "delay" => Ok(OnDeny::Delay),
+            "shadow" => Ok(OnDeny::Shadow),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown on_deny \"{other}\" (expected drop, delay or shadow)"
+            ))),
+        }
+    }
+}
+
+impl Policy {
+    /// Validates configured rules. No rules at all means the headline rule alone.
+    pub fn from_raw(default_zone: Tz, raw: Vec<RawRule>) -> Result<Policy, PolicyError> {
+        if raw.is_empty() {
+            return Ok(Policy::headline(default_zone));
+        }
+        let mut seen = HashSet::new();
+        let mut rules = Vec::with_capacity(raw.len());
+        for r in raw {
+            let fail = |message: String| PolicyError::Rule {
+                rule: r.name.clone(),
+                message,
+            };
+            check_name(&r.name).map_err(fail)?;
+            if !seen.insert(r.name.clone()) {
+                return Err(PolicyError::DuplicateName(r.name));
+            }
+            let kind = Kind::from_params(&r.kind, &r.params).map_err(fail)?;
+            let matcher = r.matcher.unwrap_or_default();
+            rules.push(Rule {
+                kind,
+                matcher: Match {
+                    channels: matcher.channels,
+                    categories: matcher.categories,
+                },
+                scope: r.scope.unwrap_or(Scope::Recipient),
+                on_deny: r.on_deny.unwrap_or(OnDeny::Drop),
+                name: r.name,
+            });
+        }
+        Ok(Policy {
+            default_zone,
+            rules,
+        })
+    }
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_RULE_NAME {
+        return Err(format!("name must be 1 to {MAX_RULE_NAME} characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err("name may hold only letters, digits, '_', '-' and '.'".to_owned());
+    }
+    Ok(())
+}

@@ -1,0 +1,275 @@
+//! The worker: owns deliveries, concurrency, retries and acks; the decision is the pipeline's.
+//!
+//! It supervises its broker session itself (lapin's automatic recovery does not survive a
+//! broker restart): when the connection or consumer is lost it reconnects with capped,
+//! jittered backoff, declares its topology again and resumes. Messages in flight on the lost
+//! channel cannot be acked any more; the broker redelivers them, which is safe because every
+//! step is idempotent by message id.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use tokio::sync::{watch, Semaphore};
+use tracing::{debug, error, info, warn};
+
+use crate::broker::{self, BrokerError, Names, Publisher};
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::denials::{DenialError, DenialStore};
+use crate::limiter::Limiter;
+use crate::pipeline::{HandleError, Handled, Pipeline};
+use crate::sent::SentMarks;
+use crate::store::RedisConn;
+
+/// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
+const SKEW_WARNING_MS: i64 = 1_000;
+
+/// Failures that stop the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Redis could not be reached at start-up.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Postgres could not be reached at start-up.
+    #[error(transparent)]
+    Denials(#[from] DenialError),
+}
+
+/// A deliberate stop inside the pipeline, for crash tests: the worker hangs right after Redis
+/// admitted a message, before dispatching it, so a test can kill it at exactly that point.
+/// Set with the environment variable `SENDQUOTA_FAILPOINT=hang-after-admit`; never in
+/// production configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failpoint {
+    /// Hang forever after the limiter committed an allowed message.
+    HangAfterAdmit,
+}
+
+/// Runs the worker until `shutdown` completes, then drains in-flight messages.
+pub async fn run(
+    settings: &Settings,
+    clock: Arc<dyn Clock>,
+    failpoint: Option<Failpoint>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), WorkerError> {
+    let redis = RedisConn::connect(&settings.redis).await?;
+    let denials = DenialStore::connect(&settings.database).await?;
+    report_skew(&redis, clock.as_ref()).await;
+    let pipeline = Arc::new(Pipeline {
+        policy: Arc::new(settings.policy.clone()),
+        limiter: Limiter::new(redis.clone(), &settings.namespace),
+        sent: SentMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
+        denials,
+        clock,
+        names: Names::new(&settings.namespace),
+        max_body_bytes: settings.worker.max_body_bytes,
+        failpoint,
+    });
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let mut backoff = Backoff::new(&settings.worker);
+    loop {
+        match session(settings, &pipeline, stop.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let wait = backoff.next();
+                error!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker session lost");
+                if sleep_or_stop(wait, &stop).await {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// One broker connection's life: declare, consume, process; ends on shutdown (Ok) or loss.
+async fn session(
+    settings: &Settings,
+    pipeline: &Arc<Pipeline>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), BrokerError> {
+    let connection = broker::connect(&settings.amqp.url, "sendquota-worker").await?;
+    let publisher = Publisher::open(&connection).await?;
+    broker::declare(
+        publisher.channel(),
+        &pipeline.names,
+        settings.amqp.queue_type,
+    )
+    .await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(settings.amqp.prefetch, BasicQosOptions::default())
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            pipeline.names.requests.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    info!(queue = %pipeline.names.requests, "consuming");
+    let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
+    let result = loop {
+        tokio::select! {
+            _ = stop.changed() => break Ok(()),
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    let Ok(slot) = slots.clone().acquire_owned().await else { break Ok(()) };
+                    let task = Task {
+                        pipeline: pipeline.clone(),
+                        publisher: publisher.clone(),
+                        backoff: Backoff::new(&settings.worker),
+                        stop: stop.clone(),
+                    };
+                    tokio::spawn(async move {
+                        task.process(delivery).await;
+                        drop(slot);
+                    });
+                }
+                Some(Err(e)) => break Err(e.into()),
+                None => break Err(BrokerError::Amqp(lapin::ErrorKind::InvalidChannelState(
+                    lapin::ChannelState::Closed, "basic.consume").into())),
+            },
+        }
+    };
+    drop(consumer);
+    let drained = tokio::time::timeout(
+        Duration::from_millis(settings.worker.shutdown_timeout_ms),
+        slots.acquire_many(settings.worker.concurrency as u32),
+    )
+    .await;
+    if drained.is_err() {
+        warn!("in-flight messages did not finish in time; they return to the queue unacked");
+    }
+    let _ = connection.close(200, "worker stopping".into()).await;
+    result
+}
+
+/// One delivery being processed, with what it needs to retry.
+struct Task {
+    pipeline: Arc<Pipeline>,
+    publisher: Publisher,
+    backoff: Backoff,
+    stop: watch::Receiver<bool>,
+}
+
+impl Task {
+    /// Handles the delivery until its outcome is durable, then acks. Retries on service
+    /// failures; gives up (leaving the message to be redelivered) when the channel is gone or
+    /// the worker is stopping.
+    async fn process(mut self, delivery: Delivery) {
+        loop {
+            let handled = self
+                .pipeline
+                .handle(&self.publisher, &delivery.data, &delivery.properties)
+                .await;
+            match handled {
+                Ok(handled) => {
+                    log_handled(&delivery, &handled);
+                    match delivery.ack(BasicAckOptions::default()).await {
+                        Ok(true) => {}
+                        Ok(false) => warn!("ack dropped: channel gone; the broker redelivers"),
+                        Err(e) => warn!(error = %e, "ack failed; the broker redelivers"),
+                    }
+                    return;
+                }
+                Err(e) => {
+                    let wait = self.backoff.next();
+                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "message not decided");
+                    if retry_is_pointless(&e, &self.publisher)
+                        || sleep_or_stop(wait, &self.stop).await
+                    {
+                        let requeue = BasicNackOptions {
+                            requeue: true,
+                            multiple: false,
+                        };
+                        let _ = delivery.nack(requeue).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn retry_is_pointless(_error: &HandleError, publisher: &Publisher) -> bool {
+    !publisher.channel().status().connected()
+}
+
+fn log_handled(delivery: &Delivery, handled: &Handled) {
+    let id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|s| s.as_str());
+    match handled {
+        Handled::Invalid { reason } => warn!(message_id = ?id, %reason, "invalid message"),
+        other => {
+            debug!(message_id = ?id, outcome = ?other, redelivered = delivery.redelivered, "handled")
+        }
+    }
+}
+
+/// Waits `wait`, or less if the worker is told to stop; returns whether it is stopping.
+async fn sleep_or_stop(wait: Duration, stop: &watch::Receiver<bool>) -> bool {
+    let mut stop = stop.clone();
+    if *stop.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => *stop.borrow(),
+        _ = stop.changed() => true,
+    }
+}
+
+/// Capped exponential backoff with jitter, so many workers do not retry in lockstep.
+struct Backoff {
+    next_ms: u64,
+    max_ms: u64,
+}
+
+impl Backoff {
+    fn new(worker: &crate::config::WorkerSettings) -> Backoff {
+        Backoff {
+            next_ms: worker.retry_initial_ms,
+            max_ms: worker.retry_max_ms,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let base = self.next_ms;
+        self.next_ms = (self.next_ms * 2).min(self.max_ms);
+        // Jitter up to a quarter of the delay, from the clock's low bits: no need for a RNG.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::from(d.subsec_nanos()))
+            .unwrap_or(0);
+        Duration::from_millis(base + nanos % (base / 4 + 1))
+    }
+}
+
+/// Logs how far the worker's clock is from Redis `TIME`.
+async fn report_skew(redis: &RedisConn, clock: &dyn Clock) {
+    let reply: redis::RedisResult<(i64, i64)> =
+        redis::cmd("TIME").query_async(&mut redis.clone()).await;
+    match reply {
+        Ok((secs, micros)) => {
+            let skew = clock.now().timestamp_millis() - (secs * 1000 + micros / 1000);
+            if skew.abs() > SKEW_WARNING_MS {
+                warn!(skew_ms = skew, "worker clock differs from Redis TIME");
+            } else {
+                info!(skew_ms = skew, "worker clock checked against Redis TIME");
+            }
+        }
+        Err(e) => warn!(error = %e, "could not read Redis TIME"),
+    }
+}
