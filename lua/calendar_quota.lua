@@ -4,8 +4,8 @@
 -- KEYS: the rule's key, a sorted set: member = message id, score = local day number of the
 --       day the message was admitted on.
 -- ARGV (this rule's slice): TODAY (local day number, computed by the worker with chrono-tz),
---       PER_DAY, PER_WINDOW, WINDOW_DAYS, EXPIRE_AT (epoch ms of the first instant of local day
---       TODAY + WINDOW_DAYS: when today's entry stops mattering).
+--       PER_DAY, PER_WINDOW, WINDOW_DAYS, EXPIRE_IN (ms from now until the first instant of
+--       local day TODAY + WINDOW_DAYS: when today's entry stops mattering).
 -- Reply: {allowed, already, remaining, retry_day}: remaining = sends still allowed after this
 --       one (or now, when denied or already admitted); retry_day = the first local day number
 --       on which a send would be allowed, -1 when allowed.
@@ -71,7 +71,7 @@ KINDS.calendar_quota = {
     -- at most 26 hours per day of difference, the widest gap between two zones.
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     local ahead = math.max(tonumber(newest[2]) - today, 0)
-    expire_at_least(key, tonumber(args[5]) + ahead * 93600000)
+    expire_in_at_least(key, tonumber(args[5]) + ahead * 93600000)
   end,
 
   refund = function(key, args, ctx)

@@ -11,11 +11,14 @@
 
 local KINDS = {}
 
--- Make sure `key` lives at least until `at_ms` (absolute epoch ms). An expiry is never
+-- Make sure `key` lives at least `ttl_ms` more milliseconds. Expiries are durations computed
+-- from the worker's clock, never absolute instants: Redis measures them on its own clock, which
+-- may differ from the worker's (skew, or a simulated clock in tests). An expiry is never
 -- shortened, and a key always has one after this call.
-local function expire_at_least(key, at_ms)
-  local current = redis.call('PEXPIRETIME', key)
-  if current < 0 or current < at_ms then
-    redis.call('PEXPIREAT', key, at_ms)
+local function expire_in_at_least(key, ttl_ms)
+  ttl_ms = math.max(math.ceil(ttl_ms), 1)
+  local current = redis.call('PTTL', key)
+  if current < 0 or current < ttl_ms then
+    redis.call('PEXPIRE', key, ttl_ms)
   end
 end

@@ -7,16 +7,17 @@ use super::calendar::{day_number, day_start};
 use crate::policy::CalendarQuota;
 
 /// The script's arguments for a decision at `now` in `zone`: today's day number, the limits,
-/// and when today's entry stops mattering (the first instant of day today + window).
+/// and how long from `now` today's entry matters (until the first instant of day today +
+/// window).
 pub fn args(q: &CalendarQuota, now: DateTime<Utc>, zone: Tz) -> [i64; 5] {
     let today = day_number(now, zone);
-    let expire_at = day_start(today + i64::from(q.window_days), zone);
+    let expire_in = day_start(today + i64::from(q.window_days), zone) - now;
     [
         today,
         i64::from(q.per_day),
         i64::from(q.per_window),
         i64::from(q.window_days),
-        expire_at.timestamp_millis(),
+        expire_in.num_milliseconds(),
     ]
 }
 

@@ -1,0 +1,436 @@
+//! Test harness: every test gets its own namespace (Redis keys, exchanges, queues) and its own
+//! Postgres database, talks to the real services, and removes everything it made when it ends,
+//! even when it fails. A service that does not answer fails the test with the command that
+//! starts it.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeZone, Utc};
+use lapin::options::{
+    BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use redis::AsyncCommands;
+use sendquota::broker::{self, Names, Publisher, DELAY_TIERS_MS};
+use sendquota::clock::ManualClock;
+use sendquota::config::{Settings, DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL};
+use sendquota::denials::{Denial, DenialFilter, DenialStore};
+use sendquota::store::RedisConn;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+/// How to bring the services up, quoted in every connection failure.
+pub const START_HINT: &str = "start them with `deploy/local/services.sh` (the test command \
+                              `deploy/local/test.sh` does this itself)";
+
+/// Longest wait for a message's outcome.
+pub const OUTCOME_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub fn redis_url() -> String {
+    std::env::var("SENDQUOTA_REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
+}
+pub fn amqp_url() -> String {
+    std::env::var("SENDQUOTA_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned())
+}
+/// The URL of database `name` on the shared server.
+pub fn database_url(name: &str) -> String {
+    let url =
+        std::env::var("SENDQUOTA_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let base = url.split('?').next().unwrap_or(&url);
+    match base.rfind('/') {
+        Some(slash) => format!("{}/{name}", &base[..slash]),
+        None => base.to_owned(),
+    }
+}
+
+/// The shared server's maintenance database, where test databases are created.
+pub fn admin_database_url() -> String {
+    database_url("postgres")
+}
+
+/// A name no other test (in this or another process) uses.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let nanos = Utc::now().timestamp_subsec_nanos();
+    format!("{prefix}_{}_{n}_{nanos}", std::process::id())
+}
+
+/// One test's private world on the shared services.
+pub struct TestEnv {
+    pub namespace: String,
+    pub database: String,
+    pub database_url: String,
+    pub settings: Settings,
+    pub names: Names,
+    pub redis: RedisConn,
+    pub pool: PgPool,
+    pub amqp: Connection,
+    pub channel: Channel,
+    pub publisher: Publisher,
+    /// A queue bound to the dispatch exchange with `#`: every dispatched message lands here.
+    pub dispatched_queue: String,
+    worker_stop: Option<oneshot::Sender<()>>,
+    worker_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestEnv {
+    /// A fresh environment with the default (headline) policy.
+    pub async fn new() -> TestEnv {
+        TestEnv::with_config("").await
+    }
+
+    /// A fresh environment whose settings come from `toml` (connections and namespace are
+    /// always the test's own).
+    pub async fn with_config(toml: &str) -> TestEnv {
+        let namespace = unique("sqt");
+        let database = namespace.to_lowercase();
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&admin_database_url())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "postgres not reachable at {}: {e}; {START_HINT}",
+                    admin_database_url()
+                )
+            });
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE \"{database}\""
+        )))
+        .execute(&admin)
+        .await
+        .expect("create test database");
+        admin.close().await;
+        let database_url = database_url(&database);
+        let env = |k: &str| match k {
+            "SENDQUOTA_NAMESPACE" => Some(namespace.clone()),
+            "SENDQUOTA_REDIS_URL" => Some(redis_url()),
+            "SENDQUOTA_AMQP_URL" => Some(amqp_url()),
+            "SENDQUOTA_DATABASE_URL" => Some(database_url.clone()),
+            _ => None,
+        };
+        let mut settings = Settings::from_toml(toml, env).expect("test config is valid");
+        settings.amqp.queue_type = sendquota::config::QueueType::Classic;
+        settings.worker.retry_initial_ms = 20;
+        settings.worker.retry_max_ms = 500;
+        settings.worker.shutdown_timeout_ms = 2_000;
+        let redis = RedisConn::connect(&settings.redis)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("redis not reachable at {}: {e}; {START_HINT}", redis_url())
+            });
+        let store = DenialStore::connect(&settings.database)
+            .await
+            .expect("connect test database");
+        store.migrate().await.expect("migrate test database");
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&database_url)
+            .await
+            .expect("connect test database");
+        let amqp = broker::connect(&amqp_url(), "sendquota-test")
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "rabbitmq not reachable at {}: {e}; {START_HINT}",
+                    amqp_url()
+                )
+            });
+        let channel = amqp.create_channel().await.expect("amqp channel");
+        let publisher = Publisher::open(&amqp).await.expect("amqp publisher");
+        let names = Names::new(&namespace);
+        broker::declare(&channel, &names, settings.amqp.queue_type)
+            .await
+            .expect("declare topology");
+        let dispatched_queue = format!("{namespace}.test.dispatched");
+        channel
+            .queue_declare(
+                dispatched_queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare dispatched queue");
+        channel
+            .queue_bind(
+                dispatched_queue.as_str().into(),
+                names.dispatch.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind dispatched queue");
+        TestEnv {
+            namespace,
+            database,
+            database_url,
+            settings,
+            names,
+            redis,
+            pool,
+            amqp,
+            channel,
+            publisher,
+            dispatched_queue,
+            worker_stop: None,
+            worker_task: None,
+        }
+    }
+
+    /// Starts the worker in this process with `clock`.
+    pub fn start_worker(&mut self, clock: &ManualClock) {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let settings = self.settings.clone();
+        let clock = Arc::new(clock.clone());
+        self.worker_task = Some(tokio::spawn(async move {
+            sendquota::worker::run(&settings, clock, None, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("worker runs");
+        }));
+        self.worker_stop = Some(stop);
+    }
+
+    /// Stops the in-process worker and waits for it to drain.
+    pub async fn stop_worker(&mut self) {
+        if let Some(stop) = self.worker_stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.worker_task.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("worker stops within 10 s")
+                .expect("worker task ends cleanly");
+        }
+    }
+
+    /// Publishes a raw body to the requests exchange, as a producer would.
+    pub async fn publish_raw(&self, body: &[u8]) {
+        self.publisher
+            .publish(&self.names.requests, "", body, BasicProperties::default())
+            .await
+            .expect("publish request");
+    }
+
+    /// Publishes a JSON request.
+    pub async fn publish(&self, request: &serde_json::Value) {
+        self.publish_raw(request.to_string().as_bytes()).await;
+    }
+
+    /// Takes every message waiting in `queue`.
+    pub async fn drain(&self, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
+        let mut out = Vec::new();
+        while let Some(m) = self
+            .channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic_get")
+        {
+            out.push(m);
+        }
+        out
+    }
+
+    /// Ids of the messages dispatched since the last call.
+    pub async fn take_dispatched(&self) -> Vec<String> {
+        self.drain(&self.dispatched_queue)
+            .await
+            .iter()
+            .map(|m| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&m.delivery.data).expect("dispatched body is JSON");
+                v["id"]
+                    .as_str()
+                    .expect("dispatched body has an id")
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    /// Every denial row, oldest first.
+    pub async fn denials(&self) -> Vec<Denial> {
+        let store = DenialStore::from_pool(self.pool.clone());
+        let mut rows = store
+            .list(&DenialFilter {
+                limit: 10_000,
+                ..DenialFilter::default()
+            })
+            .await
+            .expect("list denials");
+        rows.reverse();
+        rows
+    }
+
+    /// Number of denial rows for one message id.
+    pub async fn denial_count(&self, message_id: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM denials WHERE message_id = $1")
+            .bind(message_id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count denials")
+    }
+
+    /// Waits until message `id` has an outcome: dispatched (returns true) or denied (false).
+    /// Dispatched ids seen meanwhile are kept in `seen`.
+    pub async fn outcome(&self, id: &str, seen: &mut HashMap<String, usize>) -> bool {
+        let deadline = Instant::now() + OUTCOME_TIMEOUT;
+        loop {
+            for d in self.take_dispatched().await {
+                *seen.entry(d).or_default() += 1;
+            }
+            if seen.contains_key(id) {
+                return true;
+            }
+            if self.denial_count(id).await > 0 {
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no outcome for message {id} within {OUTCOME_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Every Redis key of this test's namespace.
+    pub async fn keys(&self) -> Vec<String> {
+        let mut conn = self.redis.clone();
+        let mut iter = conn
+            .scan_match::<_, String>(format!("{}:*", self.namespace))
+            .await
+            .expect("scan");
+        let mut keys = Vec::new();
+        while let Some(k) = iter.next_item().await {
+            keys.push(k.expect("scan item"));
+        }
+        keys
+    }
+
+    /// Keys of this namespace that have no expiry: a test fails on any.
+    pub async fn keys_without_expiry(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut conn = self.redis.clone();
+        for key in self.keys().await {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("pttl");
+            if ttl == -1 {
+                out.push(key);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if let Some(stop) = self.worker_stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.worker_task.take() {
+            task.abort();
+        }
+        let namespace = self.namespace.clone();
+        let database = self.database.clone();
+        let names = self.names.clone();
+        let dispatched = self.dispatched_queue.clone();
+        // Cleanup needs async I/O but Drop is sync (and may run while panicking): do it on a
+        // thread with its own runtime and wait for it.
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            rt.block_on(cleanup(namespace, database, names, dispatched));
+        });
+        let _ = cleanup.join();
+    }
+}
+
+async fn cleanup(namespace: String, database: String, names: Names, dispatched: String) {
+    if let Ok(conn) = broker::connect(&amqp_url(), "sendquota-test-cleanup").await {
+        if let Ok(ch) = conn.create_channel().await {
+            let mut queues = vec![names.requests.clone(), names.invalid.clone(), dispatched];
+            queues.extend(DELAY_TIERS_MS.iter().map(|t| names.delay_queue(*t)));
+            for q in queues {
+                let _ = ch
+                    .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+            for x in [&names.requests, &names.dispatch] {
+                let _ = ch
+                    .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+        }
+        let _ = conn.close(200, "cleanup".into()).await;
+    }
+    if let Ok(client) = redis::Client::open(redis_url()) {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            let keys: Vec<String> = {
+                let mut found = Vec::new();
+                if let Ok(mut iter) = conn.scan_match::<_, String>(format!("{namespace}:*")).await {
+                    while let Some(Ok(k)) = iter.next_item().await {
+                        found.push(k);
+                    }
+                }
+                found
+            };
+            if !keys.is_empty() {
+                let _: redis::RedisResult<()> = conn.del(keys).await;
+            }
+        }
+    }
+    if let Ok(admin) = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&admin_database_url())
+        .await
+    {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+        )))
+        .execute(&admin)
+        .await;
+        admin.close().await;
+    }
+}
+
+/// The earliest instant at which the local wall time in `zone` reads `local`
+/// (`YYYY-MM-DD HH:MM` or with seconds).
+pub fn local(zone: &str, local: &str) -> DateTime<Utc> {
+    let tz: chrono_tz::Tz = zone.parse().expect("zone");
+    let fmt = if local.len() > 16 {
+        "%Y-%m-%d %H:%M:%S"
+    } else {
+        "%Y-%m-%d %H:%M"
+    };
+    let naive = chrono::NaiveDateTime::parse_from_str(local, fmt).expect("local time");
+    tz.from_local_datetime(&naive)
+        .earliest()
+        .unwrap_or_else(|| panic!("{local} does not exist in {zone}"))
+        .with_timezone(&Utc)
+}
+
+/// A send request for `recipient` with id `id` in `zone`.
+pub fn request(id: &str, recipient: &str, zone: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": id,
+        "recipient": recipient,
+        "channel": "sms",
+        "timezone": zone,
+        "payload": {"template": "t"},
+    })
+}
