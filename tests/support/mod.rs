@@ -79,6 +79,14 @@ pub struct TestEnv {
     pub dispatched_queue: String,
     worker_stop: Option<oneshot::Sender<()>>,
     worker_task: Option<tokio::task::JoinHandle<()>>,
+    /// Declared last so it drops last: removes the namespace's queues, keys and database.
+    _cleanup: Cleanup,
+}
+
+/// Removes everything a test made on the shared services when dropped, even while panicking.
+pub struct Cleanup {
+    namespace: String,
+    database: String,
 }
 
 impl TestEnv {
@@ -92,6 +100,10 @@ impl TestEnv {
     pub async fn with_config(toml: &str) -> TestEnv {
         let namespace = unique("sqt");
         let database = namespace.to_lowercase();
+        let guard = Cleanup {
+            namespace: namespace.clone(),
+            database: database.clone(),
+        };
         let admin = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(5))
@@ -184,6 +196,7 @@ impl TestEnv {
             dispatched_queue,
             worker_stop: None,
             worker_task: None,
+            _cleanup: guard,
         }
     }
 
@@ -343,10 +356,15 @@ impl Drop for TestEnv {
         if let Some(task) = self.worker_task.take() {
             task.abort();
         }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
         let namespace = self.namespace.clone();
         let database = self.database.clone();
-        let names = self.names.clone();
-        let dispatched = self.dispatched_queue.clone();
+        let names = Names::new(&namespace);
+        let dispatched = format!("{namespace}.test.dispatched");
         // Cleanup needs async I/O but Drop is sync (and may run while panicking): do it on a
         // thread with its own runtime and wait for it.
         let cleanup = std::thread::spawn(move || {

@@ -1,0 +1,150 @@
+//! Idempotency by message id and the crash window, through the real services.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use sendquota::clock::ManualClock;
+use support::{local, request, TestEnv};
+
+fn headline_key(env: &TestEnv, recipient_tag: &str) -> String {
+    format!(
+        "{}:{{r:{recipient_tag}}}:headline:calendar_quota",
+        env.namespace
+    )
+}
+
+async fn members(env: &TestEnv, key: &str) -> Vec<String> {
+    env.redis.clone().zrange(key, 0, -1).await.expect("zrange")
+}
+
+#[tokio::test]
+async fn the_same_message_id_published_twice_is_dispatched_once_and_consumes_once() {
+    let mut env = TestEnv::new().await;
+    // One message at a time, so the marker message proves the duplicate was handled first.
+    env.settings.worker.concurrency = 1;
+    env.settings.amqp.prefetch = 1;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    env.publish(&request("dup", "alice", "UTC")).await;
+    env.publish(&request("dup", "alice", "UTC")).await;
+    env.publish(&request("marker", "bob", "UTC")).await;
+    let mut seen = HashMap::new();
+    assert!(env.outcome("marker", &mut seen).await);
+    env.stop_worker().await;
+    for id in env.take_dispatched().await {
+        *seen.entry(id).or_default() += 1;
+    }
+    assert_eq!(seen.get("dup"), Some(&1));
+    assert_eq!(members(&env, &headline_key(&env, "alice")).await, ["dup"]);
+    assert!(
+        env.denials().await.is_empty(),
+        "a redelivery is not a denial"
+    );
+}
+
+#[tokio::test]
+async fn a_denied_message_delivered_twice_has_one_denial_row() {
+    let mut env = TestEnv::new().await;
+    env.settings.worker.concurrency = 1;
+    env.settings.amqp.prefetch = 1;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    env.publish(&request("first", "alice", "UTC")).await;
+    env.publish(&request("late", "alice", "UTC")).await;
+    env.publish(&request("late", "alice", "UTC")).await;
+    env.publish(&request("marker", "bob", "UTC")).await;
+    let mut seen = HashMap::new();
+    assert!(env.outcome("marker", &mut seen).await);
+    env.stop_worker().await;
+    assert_eq!(env.denial_count("late").await, 1);
+    assert_eq!(members(&env, &headline_key(&env, "alice")).await, ["first"]);
+}
+
+#[tokio::test]
+async fn a_recipient_with_braces_and_colons_never_shares_state_with_another() {
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    // The second recipient is the first one's percent-encoding: a naive encoder would give
+    // both the same key.
+    env.publish(&request("m1", "a}{b:c", "UTC")).await;
+    assert!(env.outcome("m1", &mut seen).await);
+    env.publish(&request("m2", "a%7D%7Bb%3Ac", "UTC")).await;
+    assert!(env.outcome("m2", &mut seen).await);
+    env.publish(&request("m3", "a}{b:c", "UTC")).await;
+    assert!(!env.outcome("m3", &mut seen).await);
+    env.stop_worker().await;
+    assert_eq!(
+        members(&env, &headline_key(&env, "a%7D%7Bb%3Ac")).await,
+        ["m1"]
+    );
+    assert_eq!(
+        members(&env, &headline_key(&env, "a%257D%257Bb%253Ac")).await,
+        ["m2"]
+    );
+}
+
+/// The `sendquota worker` binary on this test's namespace and database.
+fn spawn_worker_binary(env: &TestEnv, config: &std::path::Path, failpoint: bool) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
+    cmd.args(["--config", config.to_str().expect("utf-8 path")])
+        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
+        .env("SENDQUOTA_NAMESPACE", &env.namespace)
+        .env("SENDQUOTA_REDIS_URL", support::redis_url())
+        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
+        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
+        .env("SENDQUOTA_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if failpoint {
+        cmd.env("SENDQUOTA_FAILPOINT", "hang-after-admit");
+    } else {
+        cmd.env_remove("SENDQUOTA_FAILPOINT");
+    }
+    cmd.spawn().expect("start the sendquota binary")
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_redis_admitted_a_message_dispatches_it_once_after_restart() {
+    let env = TestEnv::new().await;
+    let config = std::env::temp_dir().join(format!("{}.toml", env.namespace));
+    std::fs::write(&config, "[amqp]\nqueue_type = \"classic\"\n").expect("write config");
+    let key = headline_key(&env, "alice");
+
+    let mut first = spawn_worker_binary(&env, &config, true);
+    env.publish(&request("crash", "alice", "UTC")).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while members(&env, &key).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never admitted the message"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill().expect("SIGKILL the worker"); // std's kill is SIGKILL on Unix
+    first.wait().expect("reap the worker");
+    assert!(
+        env.take_dispatched().await.is_empty(),
+        "nothing went out before the crash"
+    );
+
+    let mut second = spawn_worker_binary(&env, &config, false);
+    let mut seen = HashMap::new();
+    let sent = env.outcome("crash", &mut seen).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in env.take_dispatched().await {
+        *seen.entry(id).or_default() += 1;
+    }
+    second.kill().expect("stop the second worker");
+    second.wait().expect("reap the second worker");
+    let _ = std::fs::remove_file(&config);
+    assert!(sent, "the redelivered message is dispatched");
+    assert_eq!(seen.get("crash"), Some(&1));
+    assert_eq!(members(&env, &key).await, ["crash"], "quota consumed once");
+    assert!(env.denials().await.is_empty());
+}
