@@ -296,8 +296,21 @@ fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// A URL with its password replaced by `***`, for logs and `config check`.
+/// A URL with its password (user-info or `password=` parameter) replaced by `***`, for logs
+/// and `config check`.
 pub fn redact_url(url: &str) -> String {
+    let url = redact_userinfo(url);
+    match url.find("password=") {
+        Some(start) => {
+            let value = start + "password=".len();
+            let end = url[value..].find('&').map_or(url.len(), |e| value + e);
+            format!("{}***{}", &url[..value], &url[end..])
+        }
+        None => url,
+    }
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
@@ -358,9 +371,19 @@ mod tests {
             "redis://127.0.0.1:6379"
         );
         assert_eq!(
-            redact_url("postgres://u@h/db?password=x"),
-            "postgres://u@h/db?password=x"
+            redact_url("postgres://u@h/db?password=x&sslmode=off"),
+            "postgres://u@h/db?password=***&sslmode=off"
         );
+    }
+
+    #[test]
+    fn the_example_config_is_valid_and_states_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/config.example.toml");
+        let s = Settings::load(Some(&path), no_env).unwrap();
+        let defaults = Settings::load(None, no_env).unwrap();
+        assert_eq!(s.policy.rules, defaults.policy.rules);
+        assert_eq!(s.worker.dedup_ttl_secs, defaults.worker.dedup_ttl_secs);
+        assert_eq!(s.amqp.prefetch, defaults.amqp.prefetch);
     }
 
     #[test]

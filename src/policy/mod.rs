@@ -27,7 +27,7 @@ pub struct Policy {
 
 /// One limit: a limiter kind with its parameters, the messages it applies to, where its state
 /// is kept, and what happens when it refuses.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Rule {
     /// Unique name; part of the Redis key and of every denial row.
     pub name: String,

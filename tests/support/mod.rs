@@ -98,6 +98,12 @@ impl TestEnv {
     /// A fresh environment whose settings come from `toml` (connections and namespace are
     /// always the test's own).
     pub async fn with_config(toml: &str) -> TestEnv {
+        TestEnv::with_queue_type(toml, sendquota::config::QueueType::Classic).await
+    }
+
+    /// Like [`TestEnv::with_config`], with the given type for the requests and invalid queues
+    /// (tests use classic queues; the benchmark measures the production default, quorum).
+    pub async fn with_queue_type(toml: &str, queue_type: sendquota::config::QueueType) -> TestEnv {
         let namespace = unique("sqt");
         let database = namespace.to_lowercase();
         let guard = Cleanup {
@@ -131,7 +137,7 @@ impl TestEnv {
             _ => None,
         };
         let mut settings = Settings::from_toml(toml, env).expect("test config is valid");
-        settings.amqp.queue_type = sendquota::config::QueueType::Classic;
+        settings.amqp.queue_type = queue_type;
         settings.worker.retry_initial_ms = 20;
         settings.worker.retry_max_ms = 500;
         settings.worker.shutdown_timeout_ms = 2_000;
