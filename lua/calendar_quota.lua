@@ -2,13 +2,13 @@
 -- WINDOW_DAYS local days (the window ends today, inclusive).
 --
 -- KEYS: the rule's key, a sorted set: member = message id, score = local day number of the
---       day the message was admitted on.
+--       day the message was admitted on (it holds the ids itself; the ids key is unused).
 -- ARGV (this rule's slice): TODAY (local day number, computed by the worker with chrono-tz),
 --       PER_DAY, PER_WINDOW, WINDOW_DAYS, EXPIRE_IN (ms from now until the first instant of
 --       local day TODAY + WINDOW_DAYS: when today's entry stops mattering).
--- Reply: {allowed, already, remaining, retry_day}: remaining = sends still allowed after this
---       one (or now, when denied or already admitted); retry_day = the first local day number
---       on which a send would be allowed, -1 when allowed.
+-- Reply: {allowed, already, remaining, retry_day, 0}: remaining = sends still allowed after
+--       this one (or now, when denied or already admitted); retry_day = the first local day
+--       number on which a send would be allowed, -1 when allowed.
 --
 -- Entries older than the window are ignored when reading and removed when committing, so an id
 -- is recognised as already admitted exactly while its entry is inside the window. A denied
@@ -36,17 +36,17 @@ local function calendar_usage(scores, day, days)
 end
 
 KINDS.calendar_quota = {
-  check = function(key, args, ctx)
+  check = function(key, _, args, ctx)
     local per_day, per_window, days = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
     local scores, today, first = calendar_counts(key, args)
     local on_day, in_window = calendar_usage(scores, today, days)
     local left = math.min(per_day - on_day, per_window - in_window)
     local admitted = redis.call('ZSCORE', key, ctx.id)
     if admitted and tonumber(admitted) >= first then
-      return {1, 1, math.max(left, 0), -1}
+      return {1, 1, math.max(left, 0), -1, 0}
     end
     if left > 0 then
-      return {1, 0, left - 1, -1}
+      return {1, 0, left - 1, -1, 0}
     end
     -- Walk forward day by day until both limits have room; entries never leave the set on
     -- their own, so the walk ends once the newest entry is outside the window.
@@ -57,13 +57,13 @@ KINDS.calendar_quota = {
     for day = today + 1, newest + days do
       local d, w = calendar_usage(scores, day, days)
       if d < per_day and w < per_window then
-        return {0, 0, 0, day}
+        return {0, 0, 0, day, 0}
       end
     end
-    return {0, 0, 0, newest + days}
+    return {0, 0, 0, newest + days, 0}
   end,
 
-  commit = function(key, args, ctx)
+  commit = function(key, _, args, ctx)
     local today, days = tonumber(args[1]), tonumber(args[4])
     redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - days + 1))
     redis.call('ZADD', key, today, ctx.id)
@@ -74,7 +74,7 @@ KINDS.calendar_quota = {
     expire_in_at_least(key, tonumber(args[5]) + ahead * 93600000)
   end,
 
-  refund = function(key, args, ctx)
+  refund = function(key, _, _, ctx)
     redis.call('ZREM', key, ctx.id)
   end,
 }

@@ -1,21 +1,22 @@
 -- decide.lua: checks every rule of one scope, then commits all of them or none.
 --
--- KEYS: one key per rule, in rule order (all share the scope's hash tag).
--- ARGV: NOW_MS, MESSAGE_ID, MODE, RULE_COUNT, then per rule:
+-- KEYS: two keys per rule, in rule order: the rule's state, and the rule's admitted-ids set
+--       (used by kinds whose state cannot hold message ids). All share the scope's hash tag.
+-- ARGV: NOW_MS, MESSAGE_ID, MODE, COST, RULE_COUNT, then per rule:
 --       KIND, ENFORCE (1 = a refusal blocks the message, 0 = shadow rule), NARGS, ARG_1..ARG_NARGS
 --   MODE: 'check'  = evaluate only, write nothing;
 --         'commit' = evaluate, and if no enforcing rule refuses, consume in every rule that
 --                    allowed and had not admitted MESSAGE_ID before;
 --         'refund' = give back MESSAGE_ID's take in every rule listed (used when another
 --                    scope refused the message after this one committed).
--- Reply: {COMMITTED, {ALLOWED, ALREADY, REMAINING, RETRY} per rule} (the kind files say what
---        REMAINING and RETRY mean for them); for 'refund', {1}.
+-- Reply: {COMMITTED, {ALLOWED, ALREADY, REMAINING, RETRY, DETAIL} per rule} (the kind files
+--        say what REMAINING, RETRY and DETAIL mean for them); for 'refund', {1}.
 
-local ctx = {now = tonumber(ARGV[1]), id = ARGV[2]}
+local ctx = {now = tonumber(ARGV[1]), id = ARGV[2], cost = tonumber(ARGV[4])}
 local mode = ARGV[3]
-local count = tonumber(ARGV[4])
+local count = tonumber(ARGV[5])
 local rules = {}
-local pos = 5
+local pos = 6
 for i = 1, count do
   local kind = KINDS[ARGV[pos]]
   if not kind then
@@ -26,13 +27,16 @@ for i = 1, count do
   for j = 1, nargs do
     args[j] = ARGV[pos + 2 + j]
   end
-  rules[i] = {kind = kind, enforce = ARGV[pos + 1] == '1', args = args, key = KEYS[i]}
+  rules[i] = {
+    kind = kind, enforce = ARGV[pos + 1] == '1', args = args,
+    key = KEYS[2 * i - 1], ids = KEYS[2 * i],
+  }
   pos = pos + 3 + nargs
 end
 
 if mode == 'refund' then
   for _, r in ipairs(rules) do
-    r.kind.refund(r.key, r.args, ctx)
+    r.kind.refund(r.key, r.ids, r.args, ctx)
   end
   return {1}
 end
@@ -40,7 +44,7 @@ end
 local blocked = false
 local reply = {0}
 for i, r in ipairs(rules) do
-  r.result = r.kind.check(r.key, r.args, ctx)
+  r.result = r.kind.check(r.key, r.ids, r.args, ctx)
   if r.result[1] == 0 and r.enforce then
     blocked = true
   end
@@ -50,7 +54,7 @@ end
 if mode == 'commit' and not blocked then
   for _, r in ipairs(rules) do
     if r.result[1] == 1 and r.result[2] == 0 then
-      r.kind.commit(r.key, r.args, ctx, r.result)
+      r.kind.commit(r.key, r.ids, r.args, ctx, r.result)
     end
   end
   reply[1] = 1

@@ -2,14 +2,25 @@
 --
 -- The decision script is this file, then one file per limiter kind (each registers itself in
 -- KINDS), then decide.lua, concatenated when the crate is built. Every kind provides:
---   check(key, args, ctx)  -> {allowed, already, remaining, retry}   (reads only)
---   commit(key, args, ctx, result)                                    (consumes for ctx.id)
---   refund(key, args, ctx)                                            (gives back ctx.id's take)
--- `allowed` and `already` are 0/1; `already` = 1 when ctx.id was admitted before and consumes
--- nothing again. `retry` is kind-specific (a day number, or epoch ms), -1 when there is none.
--- Times come from the worker (ctx.now, integer ms), never from the Redis server.
+--   check(key, ids, args, ctx)  -> {allowed, already, remaining, retry, detail}   (reads only)
+--   commit(key, ids, args, ctx)                            (consumes for ctx.id, sets expiries)
+--   refund(key, ids, args, ctx)                            (gives back what ctx.id took)
+-- `key` holds the rule's state; `ids` is a sorted set of admitted message ids (score = the
+-- worker's ms when admitted) for kinds whose state cannot hold ids. `allowed` and `already`
+-- are 0/1; `already` = 1 when ctx.id was admitted before and consumes nothing again.
+-- `retry` is when the rule would next admit this message (epoch ms of the worker's clock, or
+-- a day number for calendar_quota), -1 when it admits it now or never will.
+-- ctx = {now = worker ms, id = message id, cost = the message's cost}.
+--
+-- All arithmetic is on integers below 2^53 (the worker scales rates so that it is), so the
+-- results are exact and equal to the Rust reference models'.
 
 local KINDS = {}
+
+-- An integer as a string without exponent, for values written to Redis.
+local function int(x)
+  return string.format('%.0f', x)
+end
 
 -- Make sure `key` lives at least `ttl_ms` more milliseconds. Expiries are durations computed
 -- from the worker's clock, never absolute instants: Redis measures them on its own clock, which
@@ -21,4 +32,35 @@ local function expire_in_at_least(key, ttl_ms)
   if current < 0 or current < ttl_ms then
     redis.call('PEXPIRE', key, ttl_ms)
   end
+end
+
+-- Integer ceiling of a / b for a >= 0, b > 0.
+local function ceil_div(a, b)
+  return math.floor((a + b - 1) / b)
+end
+
+-- The ms at which ctx.id was admitted, if that was less than `memory_ms` ago.
+local function admitted_at(ids, ctx, memory_ms)
+  local at = redis.call('ZSCORE', ids, ctx.id)
+  if at and tonumber(at) > ctx.now - memory_ms then
+    return tonumber(at)
+  end
+  return nil
+end
+
+-- Records ctx.id as admitted now, forgetting ids older than `memory_ms`.
+local function remember(ids, ctx, memory_ms)
+  redis.call('ZREMRANGEBYSCORE', ids, '-inf', ctx.now - memory_ms)
+  redis.call('ZADD', ids, int(ctx.now), ctx.id)
+  expire_in_at_least(ids, memory_ms)
+end
+
+-- Reads a hash of integer fields into a table of numbers (missing fields are absent).
+local function hash_numbers(key)
+  local flat = redis.call('HGETALL', key)
+  local out = {}
+  for i = 1, #flat, 2 do
+    out[flat[i]] = tonumber(flat[i + 1])
+  end
+  return out
 end

@@ -121,7 +121,8 @@ mod tests {
             on_deny,
             allowed,
             already: false,
-            remaining: 0,
+            remaining: Some(0),
+            reason: String::new(),
             retry_after: retry_hour.map(|h| format!("2026-01-01T{h:02}:00:00Z").parse().unwrap()),
         }
     }

@@ -14,7 +14,7 @@ use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::decision::{self, Outcome};
 use crate::denials::{DenialError, DenialStore, NewDenial};
-use crate::limiter::{self, Limiter, LimiterError, Verdict};
+use crate::limiter::{Limiter, LimiterError, Verdict};
 use crate::message::SendRequest;
 use crate::policy::Policy;
 use crate::sent::SentMarks;
@@ -160,17 +160,12 @@ impl Pipeline {
         now: DateTime<Utc>,
         replay_of: Option<i64>,
     ) -> Result<(), DenialError> {
-        let reason = self
-            .policy
-            .rule(&verdict.rule)
-            .map(limiter::reason)
-            .unwrap_or_default();
         self.denials
             .insert(&NewDenial {
                 message,
                 rule: &verdict.rule,
                 kind: verdict.kind,
-                reason,
+                reason: verdict.reason.clone(),
                 shadow,
                 retry_after,
                 denied_at: now,

@@ -191,7 +191,7 @@ fn calendar_quota_script_matches_the_model() {
                 let v = &eval.verdicts[0];
                 let got = Decision {
                     allowed: v.allowed,
-                    remaining: v.remaining,
+                    remaining: v.remaining.expect("calendar_quota counts"),
                     retry_after: v.retry_after,
                 };
                 let want = model.decide(&id, day_number(now, zone), zone, s.commit);

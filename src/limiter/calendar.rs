@@ -6,7 +6,7 @@
 //! number back into an instant goes through chrono-tz and handles days whose midnight does not
 //! exist (a clock change at 00:00) or happens twice.
 
-use chrono::{DateTime, Duration, NaiveDate, NaiveTime, TimeZone, Utc};
+use chrono::{DateTime, Duration, NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
 /// A local calendar day, counted from 1970-01-01 in the zone's own calendar.
@@ -39,16 +39,24 @@ pub fn day_start(day: DayNumber, zone: Tz) -> DateTime<Utc> {
 }
 
 fn first_instant_of(date: NaiveDate, zone: Tz) -> Option<DateTime<Utc>> {
-    // Scan local minutes from midnight until one exists: gaps begin and end on whole minutes in
-    // every zone's modern rules, and are at most a day long.
+    first_instant_from(date.and_time(NaiveTime::MIN), zone)
+        .filter(|t| zone.from_utc_datetime(&t.naive_utc()).date_naive() == date)
+}
+
+/// The first instant at which the local wall time in `zone` reads `local` or later: `local`
+/// itself when it exists, the end of the gap when a clock change skips it, the earlier one
+/// when it happens twice. `None` only if no local time within a day of `local` exists.
+pub fn first_instant_from(local: NaiveDateTime, zone: Tz) -> Option<DateTime<Utc>> {
+    // Scan local minutes until one exists: gaps begin and end on whole minutes in every zone's
+    // modern rules, and are at most a day long.
     for minute in 0..24 * 60 {
-        let naive = date.and_time(NaiveTime::MIN) + Duration::minutes(minute);
+        let naive = local + Duration::minutes(minute);
         if let Some(found) = zone.from_local_datetime(&naive).earliest() {
             let found = found.with_timezone(&Utc);
             return Some(if minute == 0 {
                 found
             } else {
-                end_of_gap(found, date, zone)
+                end_of_gap(found, local, zone)
             });
         }
     }
@@ -57,16 +65,16 @@ fn first_instant_of(date: NaiveDate, zone: Tz) -> Option<DateTime<Utc>> {
 
 /// Narrows the instant where a gap ends (the zone's transition) to the millisecond, for gaps
 /// of historic zones whose offsets had seconds: the result is the earliest instant within the
-/// minute before `found` whose local date is `date`.
-fn end_of_gap(found: DateTime<Utc>, date: NaiveDate, zone: Tz) -> DateTime<Utc> {
-    let on_date = |t: DateTime<Utc>| zone.from_utc_datetime(&t.naive_utc()).date_naive() == date;
+/// minute before `found` whose local wall time is at least `local`.
+fn end_of_gap(found: DateTime<Utc>, local: NaiveDateTime, zone: Tz) -> DateTime<Utc> {
+    let reached = |t: DateTime<Utc>| zone.from_utc_datetime(&t.naive_utc()).naive_local() >= local;
     let (mut lo, mut hi) = (found - Duration::minutes(1), found);
-    if on_date(lo) {
+    if reached(lo) {
         return lo;
     }
     while hi - lo > Duration::milliseconds(1) {
         let mid = lo + (hi - lo) / 2;
-        if on_date(mid) {
+        if reached(mid) {
             hi = mid;
         } else {
             lo = mid;

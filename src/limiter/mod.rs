@@ -6,8 +6,8 @@
 //! refunded, so a message that is not dispatched leaves no quota consumed.
 
 pub mod calendar;
-mod calendar_quota;
 pub mod keys;
+mod kinds;
 pub mod script;
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use chrono_tz::Tz;
 use serde::Serialize;
 
 use crate::message::SendRequest;
-use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
+use crate::policy::{OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
 use script::{Mode, RawResult, ScopeReply, SCRIPT};
 
@@ -44,10 +44,15 @@ pub struct Verdict {
     /// Whether the message id had been admitted before (nothing consumed again).
     #[serde(skip)]
     pub already: bool,
-    /// What the rule still allows after this decision.
-    pub remaining: i64,
-    /// When the rule would next admit a send; `None` when it admits this one.
+    /// What the rule still allows after this decision (`None` for kinds that do not count,
+    /// such as quiet hours).
+    pub remaining: Option<i64>,
+    /// When the rule would next admit a send; `None` when it admits this one, or when it never
+    /// will (a cost above a bucket's capacity).
     pub retry_after: Option<DateTime<Utc>>,
+    /// Why it refused (empty when it allowed).
+    #[serde(skip)]
+    pub reason: String,
 }
 
 /// Every applicable rule's verdict, and whether quota was consumed.
@@ -71,7 +76,7 @@ pub struct Limiter {
 struct ScopeCall<'r> {
     rules: Vec<(usize, &'r Rule)>,
     keys: Vec<String>,
-    /// ARGV after NOW_MS, MESSAGE_ID and MODE (see lua/decide.lua).
+    /// ARGV after NOW_MS, MESSAGE_ID and MODE (see lua/decide.lua): COST, RULE_COUNT, rules.
     rule_args: Vec<String>,
 }
 
@@ -135,7 +140,7 @@ impl Limiter {
             };
             let reply: ScopeReply = call.invoke(&mut conn, now, &message.id, mode).await?;
             for (&(index, rule), raw) in call.rules.iter().zip(&reply.results) {
-                verdicts[index] = Some(verdict(rule, raw, zone));
+                verdicts[index] = Some(verdict(rule, raw, zone, message.cost));
             }
             if mode == Mode::Commit && reply.committed {
                 taken.push(call);
@@ -173,12 +178,16 @@ impl Limiter {
             .into_iter()
             .map(|(scope, rules)| {
                 let tag = keys::scope_tag(&scope.of(message));
-                let mut rule_keys = Vec::with_capacity(rules.len());
-                let mut rule_args = vec![rules.len().to_string()];
+                let mut rule_keys = Vec::with_capacity(2 * rules.len());
+                let mut rule_args = vec![message.cost.to_string(), rules.len().to_string()];
                 for (_, rule) in &rules {
                     let name = rule.kind.name();
-                    rule_keys.push(keys::rule_key(&self.namespace, &tag, &rule.name, name));
-                    let args = kind_args(&rule.kind, now, zone);
+                    let key = keys::rule_key(&self.namespace, &tag, &rule.name, name);
+                    rule_keys.push(format!("{key}:ids"));
+                    rule_keys.push(key);
+                    let last = rule_keys.len() - 1;
+                    rule_keys.swap(last - 1, last);
+                    let args = kinds::args(&rule.kind, now, zone);
                     rule_args.push(name.to_owned());
                     rule_args.push(u8::from(rule.on_deny != OnDeny::Shadow).to_string());
                     rule_args.push(args.len().to_string());
@@ -194,30 +203,23 @@ impl Limiter {
     }
 }
 
-fn kind_args(kind: &Kind, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
-    match kind {
-        Kind::CalendarQuota(q) => calendar_quota::args(q, now, zone).to_vec(),
-    }
-}
-
-fn verdict(rule: &Rule, raw: &RawResult, zone: Tz) -> Verdict {
-    let retry_after = match &rule.kind {
-        Kind::CalendarQuota(_) => calendar_quota::retry_after(raw.retry, zone),
-    };
+fn verdict(rule: &Rule, raw: &RawResult, zone: Tz, cost: u32) -> Verdict {
     Verdict {
         rule: rule.name.clone(),
         kind: rule.kind.name(),
         on_deny: rule.on_deny,
         allowed: raw.allowed,
         already: raw.already,
-        remaining: raw.remaining,
-        retry_after: if raw.allowed { None } else { retry_after },
-    }
-}
-
-/// Why a rule refused, for denial rows.
-pub fn reason(rule: &Rule) -> String {
-    match &rule.kind {
-        Kind::CalendarQuota(q) => calendar_quota::reason(q),
+        remaining: kinds::remaining(&rule.kind, raw.remaining),
+        retry_after: if raw.allowed {
+            None
+        } else {
+            kinds::retry_after(&rule.kind, raw.retry, zone)
+        },
+        reason: if raw.allowed {
+            String::new()
+        } else {
+            kinds::reason(&rule.kind, raw.detail, cost)
+        },
     }
 }

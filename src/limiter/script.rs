@@ -11,6 +11,22 @@ pub const SOURCE: &str = concat!(
     "\n",
     include_str!("../../lua/calendar_quota.lua"),
     "\n",
+    include_str!("../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../lua/sliding_window.lua"),
+    "\n",
+    include_str!("../../lua/sliding_log.lua"),
+    "\n",
+    include_str!("../../lua/leaky_bucket.lua"),
+    "\n",
+    include_str!("../../lua/token_bucket.lua"),
+    "\n",
+    include_str!("../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../lua/zset_window.lua"),
+    "\n",
+    include_str!("../../lua/quiet_hours.lua"),
+    "\n",
     include_str!("../../lua/decide.lua"),
 );
 
@@ -49,6 +65,8 @@ pub struct RawResult {
     pub remaining: i64,
     /// Kind-specific retry value (a day number or epoch ms), -1 for none.
     pub retry: i64,
+    /// Kind-specific detail (the refusing policy of a sliding log), 0 otherwise.
+    pub detail: i64,
 }
 
 /// The driver's reply for one scope.
@@ -72,17 +90,18 @@ impl FromRedisValue for ScopeReply {
         };
         let results = items
             .map(|item| {
-                let [allowed, already, remaining, retry]: [i64; 4] =
+                let [allowed, already, remaining, retry, detail]: [i64; 5] =
                     <Vec<i64>>::from_redis_value(item)?
                         .try_into()
                         .map_err(|v| {
-                            format!("decision script: rule result {v:?} is not 4 numbers")
+                            format!("decision script: rule result {v:?} is not 5 numbers")
                         })?;
                 Ok(RawResult {
                     allowed: allowed == 1,
                     already: already == 1,
                     remaining,
                     retry,
+                    detail,
                 })
             })
             .collect::<Result<_, ParsingError>>()?;

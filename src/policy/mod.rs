@@ -12,7 +12,10 @@ use serde::Serialize;
 
 use crate::message::SendRequest;
 
-pub use kind::{CalendarQuota, Kind};
+pub use kind::{
+    human_ms, parse_duration_ms, Bucket, CalendarQuota, Gcra, Kind, QuietHours, SlidingLog,
+    SlidingWindow, Storage, TokenBucket, Window,
+};
 pub use parse::{PolicyError, RawRule};
 
 /// The whole validated rule set plus the zone used for messages that name none.

@@ -1,0 +1,55 @@
+-- fixed_window.lua: at most LIMIT sends per window of WINDOW_MS that starts at the first send.
+--
+-- KEYS: state hash {start = window start ms, count}; ids = admitted ids of the current window.
+-- ARGV (this rule's slice): LIMIT, WINDOW_MS.
+-- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
+--        this one; retry_ms = when the window ends (the next send is allowed then).
+-- The seed's weak spots fixed: a denied attempt writes nothing (no INCR before the check), and
+-- the expiry is set in the same script as the write, from the window's start, never 0.
+
+KINDS.fixed_window = {
+  check = function(key, ids, args, ctx)
+    local limit, window = tonumber(args[1]), tonumber(args[2])
+    local s = hash_numbers(key)
+    local active = s.start ~= nil and ctx.now < s.start + window
+    local count = active and s.count or 0
+    local left = limit - count
+    if active then
+      local at = redis.call('ZSCORE', ids, ctx.id)
+      if at and tonumber(at) >= s.start then
+        return {1, 1, math.max(left, 0), -1, 0}
+      end
+    end
+    if left >= 1 then
+      return {1, 0, left - 1, -1, 0}
+    end
+    return {0, 0, 0, s.start + window, 0}
+  end,
+
+  commit = function(key, ids, args, ctx)
+    local window = tonumber(args[2])
+    local s = hash_numbers(key)
+    local start = s.start
+    if start == nil or ctx.now >= start + window then
+      start = ctx.now
+      redis.call('DEL', key, ids)
+      redis.call('HSET', key, 'start', int(start), 'count', 1)
+    else
+      redis.call('HINCRBY', key, 'count', 1)
+    end
+    local ttl = start + window - ctx.now
+    redis.call('ZADD', ids, int(ctx.now), ctx.id)
+    expire_in_at_least(key, ttl)
+    expire_in_at_least(ids, ttl)
+  end,
+
+  refund = function(key, ids, args, ctx)
+    local window = tonumber(args[2])
+    local s = hash_numbers(key)
+    local at = redis.call('ZSCORE', ids, ctx.id)
+    if at and s.start and tonumber(at) >= s.start and ctx.now < s.start + window then
+      redis.call('HINCRBY', key, 'count', -1)
+    end
+    redis.call('ZREM', ids, ctx.id)
+  end,
+}

@@ -1,0 +1,92 @@
+-- sliding_log.lua: several (LIMIT, WINDOW_MS) policies over one log of sub-window counters,
+-- such as 10 per minute and 100 per hour in one key; reports which policy refused.
+--
+-- KEYS: state hash {<sub-window index> = count}; ids = admitted ids, kept for the longest window.
+-- ARGV (this rule's slice): SUB_MS, N, then N pairs LIMIT_k, WINDOW_MS_k in increasing window
+--       order (the worker validated: windows are multiples of SUB_MS, and a longer window has a
+--       larger limit).
+-- Reply: {allowed, already, remaining, retry_ms, policy}: remaining = the fewest sends any
+--        policy has left after this one; retry_ms = when every refusing policy has room;
+--        policy = the 1-based index of the first refusing policy (0 when allowed).
+
+KINDS.sliding_log = {
+  check = function(key, ids, args, ctx)
+    local sub, n = tonumber(args[1]), tonumber(args[2])
+    local current = math.floor(ctx.now / sub)
+    local longest = tonumber(args[2 + 2 * n])
+    local subs = {}
+    for field, c in pairs(hash_numbers(key)) do
+      local i = tonumber(field)
+      if i > current - longest / sub then
+        subs[#subs + 1] = {i, c}
+      end
+    end
+    table.sort(subs, function(a, b) return a[1] < b[1] end)
+    local already = admitted_at(ids, ctx, longest) ~= nil
+    local remaining, retry, blocked_by = nil, -1, 0
+    for k = 1, n do
+      local limit, window = tonumber(args[1 + 2 * k]), tonumber(args[2 + 2 * k])
+      local subs_k, count = {}, 0
+      for _, p in ipairs(subs) do
+        if p[1] > current - window / sub then
+          subs_k[#subs_k + 1] = p
+          count = count + p[2]
+        end
+      end
+      local left = limit - count - (already and 0 or 1)
+      if remaining == nil or left < remaining then remaining = left end
+      if not already and left < 0 then
+        if blocked_by == 0 then blocked_by = k end
+        local at = -1
+        for _, p in ipairs(subs_k) do
+          count = count - p[2]
+          if count + 1 <= limit then
+            at = (p[1] + window / sub) * sub
+            break
+          end
+        end
+        if at > retry then retry = at end
+      end
+    end
+    if already then
+      return {1, 1, math.max(remaining, 0), -1, 0}
+    end
+    if blocked_by > 0 then
+      return {0, 0, 0, retry, blocked_by}
+    end
+    return {1, 0, remaining, -1, 0}
+  end,
+
+  commit = function(key, ids, args, ctx)
+    local sub, n = tonumber(args[1]), tonumber(args[2])
+    local longest = tonumber(args[2 + 2 * n])
+    local current = math.floor(ctx.now / sub)
+    local newest = current
+    for field, _ in pairs(hash_numbers(key)) do
+      local i = tonumber(field)
+      if i <= current - longest / sub then
+        redis.call('HDEL', key, field)
+      elseif i > newest then
+        newest = i
+      end
+    end
+    redis.call('HINCRBY', key, int(current), 1)
+    remember(ids, ctx, longest)
+    expire_in_at_least(key, (newest + longest / sub) * sub - ctx.now)
+  end,
+
+  refund = function(key, ids, args, ctx)
+    local sub, n = tonumber(args[1]), tonumber(args[2])
+    local at = admitted_at(ids, ctx, tonumber(args[2 + 2 * n]))
+    if at then
+      local field = int(math.floor(at / sub))
+      local c = tonumber(redis.call('HGET', key, field) or '0')
+      if c > 1 then
+        redis.call('HINCRBY', key, field, -1)
+      elseif c == 1 then
+        redis.call('HDEL', key, field)
+      end
+    end
+    redis.call('ZREM', ids, ctx.id)
+  end,
+}

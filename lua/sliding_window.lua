@@ -1,0 +1,157 @@
+-- sliding_window.lua: at most LIMIT sends in any WINDOW_MS, counted in sub-windows of SUB_MS
+-- (WINDOW_MS is a multiple of SUB_MS). A sub-window with index i = floor(ms / SUB_MS) counts
+-- until ms reaches (i + WINDOW_MS / SUB_MS) * SUB_MS.
+--
+-- KEYS: state (see STORAGE); ids = admitted ids (score = ms admitted), kept WINDOW_MS.
+-- ARGV (this rule's slice): LIMIT, WINDOW_MS, SUB_MS, STORAGE (0 = hash, 1 = list).
+--   hash storage: {<sub-window index> = count}.
+--   list storage: [total, i1, c1, i2, c2, ...], pairs in increasing index order; expired pairs
+--                 are removed from the head by position, all of them, never by value.
+-- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
+--        this one; retry_ms = when enough sub-windows have expired for one more send.
+
+-- In-window {index, count} pairs in increasing index order.
+local function sliding_pairs(key, storage, first)
+  local pairs_out = {}
+  if storage == 0 then
+    for field, c in pairs(hash_numbers(key)) do
+      local i = tonumber(field)
+      if i >= first then
+        pairs_out[#pairs_out + 1] = {i, c}
+      end
+    end
+    table.sort(pairs_out, function(a, b) return a[1] < b[1] end)
+  else
+    local list = redis.call('LRANGE', key, 1, -1)
+    for j = 1, #list, 2 do
+      local i = tonumber(list[j])
+      if i >= first then
+        pairs_out[#pairs_out + 1] = {i, tonumber(list[j + 1])}
+      end
+    end
+  end
+  return pairs_out
+end
+
+-- When a window holding `subs` (in-window {index, count} pairs, oldest first) has room for one
+-- more send under `limit`: the moment the oldest sub-windows that must go have expired.
+local function sliding_retry(subs, count, limit, n, sub)
+  for _, p in ipairs(subs) do
+    count = count - p[2]
+    if count + 1 <= limit then
+      return (p[1] + n) * sub
+    end
+  end
+  return -1
+end
+
+local function sliding_check(key, ids, limit, window, sub, storage, ctx)
+  local n = window / sub
+  local current = math.floor(ctx.now / sub)
+  local subs = sliding_pairs(key, storage, current - n + 1)
+  local count = 0
+  for _, p in ipairs(subs) do count = count + p[2] end
+  local left = limit - count
+  if admitted_at(ids, ctx, window) then
+    return {1, 1, math.max(left, 0), -1, 0}, subs
+  end
+  if left >= 1 then
+    return {1, 0, left - 1, -1, 0}, subs
+  end
+  return {0, 0, 0, sliding_retry(subs, count, limit, n, sub), 0}, subs
+end
+
+KINDS.sliding_window = {
+  check = function(key, ids, args, ctx)
+    local result = sliding_check(key, ids, tonumber(args[1]), tonumber(args[2]),
+      tonumber(args[3]), tonumber(args[4]), ctx)
+    return result
+  end,
+
+  commit = function(key, ids, args, ctx)
+    local window, sub, storage = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+    local n = window / sub
+    local current = math.floor(ctx.now / sub)
+    local newest = current
+    if storage == 0 then
+      for field, _ in pairs(hash_numbers(key)) do
+        local i = tonumber(field)
+        if i <= current - n then
+          redis.call('HDEL', key, field)
+        elseif i > newest then
+          newest = i
+        end
+      end
+      redis.call('HINCRBY', key, int(current), 1)
+    else
+      local list = redis.call('LRANGE', key, 0, -1)
+      local total = tonumber(list[1] or '0')
+      -- Expired pairs are at the head: drop all of them by position.
+      local j = 2
+      while j < #list and tonumber(list[j]) <= current - n do
+        total = total - tonumber(list[j + 1])
+        j = j + 2
+      end
+      local last = j < #list and tonumber(list[#list - 1]) or nil
+      if last ~= nil and last > current then
+        -- The worker's clock went back: rebuild the list with this send in its own
+        -- sub-window, keeping the pairs in index order.
+        local kept = {}
+        for k = j, #list, 2 do
+          kept[#kept + 1] = {tonumber(list[k]), tonumber(list[k + 1])}
+        end
+        local placed = false
+        for _, p in ipairs(kept) do
+          if p[1] == current then p[2] = p[2] + 1; placed = true end
+        end
+        if not placed then kept[#kept + 1] = {current, 1} end
+        table.sort(kept, function(a, b) return a[1] < b[1] end)
+        redis.call('DEL', key)
+        redis.call('RPUSH', key, int(total + 1))
+        for _, p in ipairs(kept) do
+          redis.call('RPUSH', key, int(p[1]), int(p[2]))
+          if p[1] > newest then newest = p[1] end
+        end
+      else
+        if #list > 0 then
+          redis.call('LPOP', key, j - 1)
+        end
+        if last == current then
+          redis.call('LSET', key, -1, tonumber(list[#list]) + 1)
+        else
+          redis.call('RPUSH', key, int(current), 1)
+        end
+        redis.call('LPUSH', key, int(total + 1))
+      end
+    end
+    remember(ids, ctx, window)
+    expire_in_at_least(key, (newest + n) * sub - ctx.now)
+  end,
+
+  refund = function(key, ids, args, ctx)
+    local window, sub, storage = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+    local at = admitted_at(ids, ctx, window)
+    if at then
+      local i = math.floor(at / sub)
+      if storage == 0 then
+        local c = tonumber(redis.call('HGET', key, int(i)) or '0')
+        if c > 1 then
+          redis.call('HINCRBY', key, int(i), -1)
+        elseif c == 1 then
+          redis.call('HDEL', key, int(i))
+        end
+      else
+        local list = redis.call('LRANGE', key, 0, -1)
+        -- Pair values sit at Lua index j (index) and j + 1 (count), which is Redis index j.
+        for j = 2, #list - 1, 2 do
+          if tonumber(list[j]) == i and tonumber(list[j + 1]) > 0 then
+            redis.call('LSET', key, j, tonumber(list[j + 1]) - 1)
+            redis.call('LSET', key, 0, tonumber(list[1]) - 1)
+            break
+          end
+        end
+      end
+    end
+    redis.call('ZREM', ids, ctx.id)
+  end,
+}

@@ -1,0 +1,65 @@
+-- token_bucket.lua: a bucket of CAPACITY tokens refilled at a constant rate; a send takes COST
+-- tokens (the rule's fixed cost, or the message's `cost`), and is refused when fewer remain.
+--
+-- Integer units: one token = UNIT units, and REFILL units arrive per millisecond (the worker
+-- reduces "RATE per PERIOD" to these so that all arithmetic is exact). CAP = capacity in units.
+-- KEYS: state hash {tokens (units), last (ms)}; a missing key is a full bucket; ids = admitted
+--       ids, kept for the time an empty bucket takes to fill.
+-- ARGV (this rule's slice): CAP, UNIT, REFILL, COST (0 = use the message's cost).
+-- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = whole tokens left after this
+--        send; retry_ms = when enough tokens will be there (-1 if the cost exceeds the
+--        capacity: never).
+-- The seed's weak spots fixed: millisecond time; fractional tokens compared with >=, not == 0;
+-- one hash, not two keys; a clock that goes back adds no tokens.
+
+local function token_level(key, cap, refill, now)
+  local s = hash_numbers(key)
+  if s.tokens == nil then
+    return cap, now
+  end
+  local last = s.last or now
+  local elapsed = math.max(now - last, 0)
+  return math.min(s.tokens + elapsed * refill, cap), math.max(last, now)
+end
+
+local function token_cost(args, ctx)
+  local fixed = tonumber(args[4])
+  return (fixed > 0 and fixed or ctx.cost) * tonumber(args[2])
+end
+
+KINDS.token_bucket = {
+  check = function(key, ids, args, ctx)
+    local cap, unit, refill = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
+    local need = token_cost(args, ctx)
+    local tokens = token_level(key, cap, refill, ctx.now)
+    if admitted_at(ids, ctx, ceil_div(cap, refill)) then
+      return {1, 1, math.floor(tokens / unit), -1, 0}
+    end
+    if tokens >= need then
+      return {1, 0, math.floor((tokens - need) / unit), -1, 0}
+    end
+    if need > cap then
+      return {0, 0, math.floor(tokens / unit), -1, 0}
+    end
+    return {0, 0, math.floor(tokens / unit), ctx.now + ceil_div(need - tokens, refill), 0}
+  end,
+
+  commit = function(key, ids, args, ctx)
+    local cap, refill = tonumber(args[1]), tonumber(args[3])
+    local tokens, last = token_level(key, cap, refill, ctx.now)
+    tokens = tokens - token_cost(args, ctx)
+    redis.call('HSET', key, 'tokens', int(tokens), 'last', int(last))
+    remember(ids, ctx, ceil_div(cap, refill))
+    expire_in_at_least(key, last - ctx.now + ceil_div(cap - tokens, refill))
+  end,
+
+  refund = function(key, ids, args, ctx)
+    local cap, refill = tonumber(args[1]), tonumber(args[3])
+    if admitted_at(ids, ctx, ceil_div(cap, refill)) then
+      local tokens, last = token_level(key, cap, refill, ctx.now)
+      tokens = math.min(tokens + token_cost(args, ctx), cap)
+      redis.call('HSET', key, 'tokens', int(tokens), 'last', int(last))
+    end
+    redis.call('ZREM', ids, ctx.id)
+  end,
+}

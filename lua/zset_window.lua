@@ -1,0 +1,40 @@
+-- zset_window.lua: at most LIMIT sends in any WINDOW_MS, exactly: one sorted-set entry per
+-- admitted send (score = ms admitted, member = message id). Memory grows with LIMIT, so it
+-- suits small limits.
+--
+-- KEYS: the sorted set (it holds the ids itself; the ids key is unused).
+-- ARGV (this rule's slice): LIMIT, WINDOW_MS.
+-- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
+--        this one; retry_ms = when the oldest entry that must go leaves the window.
+-- The seeds' weak spots fixed: a denied attempt adds no entry; members are message ids, so two
+-- sends in the same millisecond are two entries and a redelivery is recognised.
+
+KINDS.zset_window = {
+  check = function(key, _, args, ctx)
+    local limit, window = tonumber(args[1]), tonumber(args[2])
+    local from = '(' .. int(ctx.now - window)
+    local count = redis.call('ZCOUNT', key, from, '+inf')
+    local at = redis.call('ZSCORE', key, ctx.id)
+    if at and tonumber(at) > ctx.now - window then
+      return {1, 1, math.max(limit - count, 0), -1, 0}
+    end
+    if count < limit then
+      return {1, 0, limit - count - 1, -1, 0}
+    end
+    local oldest = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES',
+      'LIMIT', count - limit, 1)
+    return {0, 0, 0, tonumber(oldest[2]) + window, 0}
+  end,
+
+  commit = function(key, _, args, ctx)
+    local window = tonumber(args[2])
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(ctx.now - window))
+    redis.call('ZADD', key, int(ctx.now), ctx.id)
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    expire_in_at_least(key, tonumber(newest[2]) + window - ctx.now)
+  end,
+
+  refund = function(key, _, _, ctx)
+    redis.call('ZREM', key, ctx.id)
+  end,
+}
