@@ -214,7 +214,7 @@ impl Settings {
                 })?;
                 toml::from_str::<File>(&text).map_err(|e| ConfigError::Parse {
                     path: path.to_owned(),
-                    message: e.to_string().trim_end().replace('\n', " "),
+                    message: parse_message(&text, &e),
                 })?
             }
             None => File::default(),
@@ -229,7 +229,7 @@ impl Settings {
     ) -> Result<Settings, ConfigError> {
         let file = toml::from_str::<File>(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::from("<inline>"),
-            message: e.to_string().trim_end().replace('\n', " "),
+            message: parse_message(text, &e),
         })?;
         Settings::from_file(file, env)
     }
@@ -280,6 +280,17 @@ impl Settings {
             worker: file.worker,
             policy,
         })
+    }
+}
+
+/// A TOML error as one line: where, then what.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {}", e.message())
+        }
+        None => e.message().to_owned(),
     }
 }
 

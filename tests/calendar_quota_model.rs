@@ -14,7 +14,6 @@ use sendquota::limiter::calendar::{day_number, day_start, DayNumber};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
 use sendquota::policy::{CalendarQuota, Kind, Match, OnDeny, Policy, Rule, Scope};
-use sendquota::store::RedisConn;
 
 /// The rule as a specification: a send is admitted on local day T when fewer than `per_day`
 /// admitted sends are on day T and fewer than `per_window` are on days after T - window.
@@ -132,22 +131,19 @@ fn quota() -> impl Strategy<Value = CalendarQuota> {
 }
 
 #[test]
-fn calendar_quota_script_matches_the_model() {
+fn calendar_quota_script_matches_the_model_on_a_single_server() {
+    script_matches_model(support::single_settings());
+}
+
+#[test]
+fn calendar_quota_script_matches_the_model_on_a_cluster() {
+    script_matches_model(support::cluster_settings());
+}
+
+fn script_matches_model(settings: sendquota::config::RedisSettings) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let namespace = support::unique("sqtprop");
-    let redis = rt.block_on(async {
-        let settings = sendquota::config::RedisSettings {
-            url: support::redis_url(),
-            ..Default::default()
-        };
-        RedisConn::connect(&settings).await.unwrap_or_else(|e| {
-            panic!(
-                "redis not reachable at {}: {e}; {}",
-                support::redis_url(),
-                support::START_HINT
-            )
-        })
-    });
+    let redis = rt.block_on(support::connect_redis(&settings));
     let limiter = Limiter::new(redis.clone(), &namespace);
     let case = std::sync::atomic::AtomicU32::new(0);
     let strategy = (
@@ -213,18 +209,10 @@ fn calendar_quota_script_matches_the_model() {
             Ok(())
         })
     });
-    rt.block_on(async {
-        let mut conn = redis.clone();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{namespace}:*"))
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<()> =
-                redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
-        }
-    });
+    rt.block_on(support::delete_keys(
+        &mut redis.clone(),
+        &format!("{namespace}:*"),
+    ));
     if let Err(e) = result {
         panic!("{e}");
     }

@@ -19,7 +19,9 @@ use lapin::{BasicProperties, Channel, Connection};
 use redis::AsyncCommands;
 use sendquota::broker::{self, Names, Publisher, DELAY_TIERS_MS};
 use sendquota::clock::ManualClock;
-use sendquota::config::{Settings, DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL};
+use sendquota::config::{
+    RedisSettings, Settings, DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL,
+};
 use sendquota::denials::{Denial, DenialFilter, DenialStore};
 use sendquota::store::RedisConn;
 use sqlx::postgres::PgPoolOptions;
@@ -87,6 +89,7 @@ pub struct TestEnv {
 pub struct Cleanup {
     namespace: String,
     database: String,
+    cluster: bool,
 }
 
 impl TestEnv {
@@ -104,11 +107,26 @@ impl TestEnv {
     /// Like [`TestEnv::with_config`], with the given type for the requests and invalid queues
     /// (tests use classic queues; the benchmark measures the production default, quorum).
     pub async fn with_queue_type(toml: &str, queue_type: sendquota::config::QueueType) -> TestEnv {
+        TestEnv::build(toml, queue_type, false).await
+    }
+
+    /// A fresh environment whose worker and limiter use the test Redis Cluster.
+    pub async fn on_cluster(toml: &str) -> TestEnv {
+        TestEnv::build(toml, sendquota::config::QueueType::Classic, true).await
+    }
+
+    async fn build(toml: &str, queue_type: sendquota::config::QueueType, cluster: bool) -> TestEnv {
+        let cluster_urls = if cluster {
+            cluster_urls().join(",")
+        } else {
+            String::new()
+        };
         let namespace = unique("sqt");
         let database = namespace.to_lowercase();
         let guard = Cleanup {
             namespace: namespace.clone(),
             database: database.clone(),
+            cluster,
         };
         let admin = PgPoolOptions::new()
             .max_connections(1)
@@ -134,6 +152,7 @@ impl TestEnv {
             "SENDQUOTA_REDIS_URL" => Some(redis_url()),
             "SENDQUOTA_AMQP_URL" => Some(amqp_url()),
             "SENDQUOTA_DATABASE_URL" => Some(database_url.clone()),
+            "SENDQUOTA_REDIS_CLUSTER_URLS" if cluster => Some(cluster_urls.clone()),
             _ => None,
         };
         let mut settings = Settings::from_toml(toml, env).expect("test config is valid");
@@ -322,18 +341,11 @@ impl TestEnv {
         }
     }
 
-    /// Every Redis key of this test's namespace.
+    /// Every Redis key of this test's namespace (on every master of a cluster).
     pub async fn keys(&self) -> Vec<String> {
-        let mut conn = self.redis.clone();
-        let mut iter = conn
-            .scan_match::<_, String>(format!("{}:*", self.namespace))
+        all_keys(&self.redis, &format!("{}:*", self.namespace))
             .await
-            .expect("scan");
-        let mut keys = Vec::new();
-        while let Some(k) = iter.next_item().await {
-            keys.push(k.expect("scan item"));
-        }
-        keys
+            .expect("scan keys")
     }
 
     /// Keys of this namespace that have no expiry: a test fails on any.
@@ -371,6 +383,7 @@ impl Drop for Cleanup {
         let database = self.database.clone();
         let names = Names::new(&namespace);
         let dispatched = format!("{namespace}.test.dispatched");
+        let cluster = self.cluster;
         // Cleanup needs async I/O but Drop is sync (and may run while panicking): do it on a
         // thread with its own runtime and wait for it.
         let cleanup = std::thread::spawn(move || {
@@ -378,13 +391,19 @@ impl Drop for Cleanup {
                 .enable_all()
                 .build()
                 .expect("cleanup runtime");
-            rt.block_on(cleanup(namespace, database, names, dispatched));
+            rt.block_on(cleanup(namespace, database, names, dispatched, cluster));
         });
         let _ = cleanup.join();
     }
 }
 
-async fn cleanup(namespace: String, database: String, names: Names, dispatched: String) {
+async fn cleanup(
+    namespace: String,
+    database: String,
+    names: Names,
+    dispatched: String,
+    cluster: bool,
+) {
     if let Ok(conn) = broker::connect(&amqp_url(), "sendquota-test-cleanup").await {
         if let Ok(ch) = conn.create_channel().await {
             let mut queues = vec![names.requests.clone(), names.invalid.clone(), dispatched];
@@ -402,21 +421,13 @@ async fn cleanup(namespace: String, database: String, names: Names, dispatched: 
         }
         let _ = conn.close(200, "cleanup".into()).await;
     }
-    if let Ok(client) = redis::Client::open(redis_url()) {
-        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-            let keys: Vec<String> = {
-                let mut found = Vec::new();
-                if let Ok(mut iter) = conn.scan_match::<_, String>(format!("{namespace}:*")).await {
-                    while let Some(Ok(k)) = iter.next_item().await {
-                        found.push(k);
-                    }
-                }
-                found
-            };
-            if !keys.is_empty() {
-                let _: redis::RedisResult<()> = conn.del(keys).await;
-            }
-        }
+    let settings = if cluster {
+        cluster_settings()
+    } else {
+        single_settings()
+    };
+    if let Ok(mut conn) = RedisConn::connect(&settings).await {
+        delete_keys(&mut conn, &format!("{namespace}:*")).await;
     }
     if let Ok(admin) = PgPoolOptions::new()
         .max_connections(1)
@@ -457,4 +468,116 @@ pub fn request(id: &str, recipient: &str, zone: &str) -> serde_json::Value {
         "timezone": zone,
         "payload": {"template": "t"},
     })
+}
+
+/// Settings for the shared single Redis server.
+pub fn single_settings() -> RedisSettings {
+    RedisSettings {
+        url: redis_url(),
+        ..RedisSettings::default()
+    }
+}
+
+/// Seed URLs of the private Redis Cluster the test script starts.
+pub fn cluster_urls() -> Vec<String> {
+    match std::env::var("SENDQUOTA_TEST_REDIS_CLUSTER_URLS") {
+        Ok(urls) if !urls.trim().is_empty() => urls.split(',').map(str::to_owned).collect(),
+        _ => panic!(
+            "SENDQUOTA_TEST_REDIS_CLUSTER_URLS is not set: run the suite with \
+             `deploy/local/test.sh`, which starts a private 3-master Redis Cluster, or start one \
+             with `deploy/local/redis-cluster.sh start DIR` and export the URLs it prints"
+        ),
+    }
+}
+
+/// Settings for the test Redis Cluster.
+pub fn cluster_settings() -> RedisSettings {
+    RedisSettings {
+        cluster_urls: cluster_urls(),
+        ..RedisSettings::default()
+    }
+}
+
+/// The Redis deployments limiter tests run against: the single server and the cluster.
+pub fn redis_targets() -> Vec<(&'static str, RedisSettings)> {
+    vec![
+        ("single", single_settings()),
+        ("cluster", cluster_settings()),
+    ]
+}
+
+/// Connects to a target, failing with the way to start it.
+pub async fn connect_redis(settings: &RedisSettings) -> RedisConn {
+    RedisConn::connect(settings).await.unwrap_or_else(|e| {
+        panic!(
+            "redis not reachable ({:?} / {:?}): {e}; {START_HINT}",
+            settings.url, settings.cluster_urls
+        )
+    })
+}
+
+/// Keys matching `pattern`, on every master when `conn` is a cluster (SCAN on a cluster
+/// connection would only visit one node).
+pub async fn all_keys(conn: &RedisConn, pattern: &str) -> redis::RedisResult<Vec<String>> {
+    match conn {
+        RedisConn::Single(c) => {
+            let mut c = c.clone();
+            let mut iter = c.scan_match::<_, String>(pattern).await?;
+            let mut keys = Vec::new();
+            while let Some(k) = iter.next_item().await {
+                keys.push(k?);
+            }
+            Ok(keys)
+        }
+        RedisConn::Cluster(c) => {
+            use redis::cluster_routing::{
+                MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo,
+            };
+            let mut c = c.clone();
+            let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let redis::Value::Map(nodes) = c.route_command(redis::cmd("DBSIZE"), all).await? else {
+                return Ok(Vec::new());
+            };
+            let mut keys = Vec::new();
+            for (addr, _) in nodes {
+                let addr: String = redis::from_redis_value(addr)?;
+                let Some((host, port)) = addr.rsplit_once(':') else {
+                    continue;
+                };
+                let Ok(port) = port.parse::<u16>() else {
+                    continue;
+                };
+                let mut cursor = 0u64;
+                loop {
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    });
+                    let mut cmd = redis::cmd("SCAN");
+                    cmd.arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(500);
+                    let (next, found): (u64, Vec<String>) =
+                        redis::from_redis_value(c.route_command(cmd, route).await?)?;
+                    keys.extend(found);
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+            }
+            Ok(keys)
+        }
+    }
+}
+
+/// Deletes every key matching `pattern` (one DEL per key, so cluster slots never mix).
+pub async fn delete_keys(conn: &mut RedisConn, pattern: &str) {
+    if let Ok(keys) = all_keys(conn, pattern).await {
+        for key in keys {
+            let _: redis::RedisResult<()> = conn.del(key).await;
+        }
+    }
 }

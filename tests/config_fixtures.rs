@@ -1,0 +1,59 @@
+//! One broken configuration per file in tests/fixtures/config, each refused at start-up with an
+//! exact, one-line message naming the rule and the parameter at fault.
+
+use std::path::Path;
+
+use sendquota::config::Settings;
+
+fn refusal(fixture: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/config")
+        .join(format!("{fixture}.toml"));
+    match Settings::load(Some(&path), |_| None) {
+        Ok(_) => panic!("{fixture} was accepted"),
+        Err(e) => e.to_string().replace(&path.display().to_string(), "FILE"),
+    }
+}
+
+macro_rules! refused {
+    ($($fixture:ident => $message:expr,)*) => {$(
+        #[test]
+        fn $fixture() {
+            assert_eq!(refusal(stringify!($fixture)), $message);
+        }
+    )*};
+}
+
+refused! {
+    unknown_kind => "rule \"r\": unknown kind \"bogus_window\" (known kinds: calendar_quota, \
+        fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, zset_window, \
+        quiet_hours)",
+    zero_window => "rule \"r\": window must be longer than zero, got \"0s\"",
+    negative_window => "rule \"r\": window \"-5m\" is not a duration (a whole number followed by \
+        ms, s, m, h or d)",
+    cost_above_capacity => "rule \"r\": cost (6) is larger than capacity (5): no send could ever pass",
+    sliding_log_shorter_window_larger_limit => "rule \"r\": the policy over 1m allows 100, not \
+        fewer than the policy over the longer 1h (50): a shorter window must have a smaller limit",
+    duplicate_rule_name => "duplicate rule name \"r\"",
+    unknown_time_zone => "default_timezone: unknown time zone \"Mars/Olympus_Mons\"",
+    quiet_hours_unparsable => "rule \"r\": start \"22h\" is not a time of day as HH:MM",
+    misspelt_parameter => "rule \"r\": unknown parameter `per_dya` for kind calendar_quota",
+    sub_window_not_dividing_window => "rule \"r\": window (1m) is not a multiple of sub_window (7s)",
+    unknown_on_deny => "config file FILE: line 4: unknown on_deny \"ignore\" (expected drop, delay \
+        or shadow)",
+    per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
+}
+
+#[test]
+fn every_fixture_has_a_test() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/config");
+    let source = include_str!("config_fixtures.rs");
+    for entry in std::fs::read_dir(dir).expect("fixtures") {
+        let name = entry.expect("entry").path();
+        let stem = name.file_stem().and_then(|s| s.to_str()).expect("name");
+        assert!(
+            source.contains(&format!("    {stem} => ")),
+            "no test for fixture {stem}"
+        );
+    }
+}

@@ -1,0 +1,213 @@
+//! Policies with several rules through the real worker: every kind next to the headline rule,
+//! all-or-nothing inside a scope, exact refunds across scopes, shadow and delay outcomes.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use sendquota::clock::ManualClock;
+use support::{local, request, TestEnv};
+
+const HEADLINE: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n";
+
+async fn members(env: &TestEnv, key: &str) -> Vec<String> {
+    env.redis.clone().zrange(key, 0, -1).await.expect("zrange")
+}
+
+fn headline_key(env: &TestEnv, recipient: &str) -> String {
+    format!(
+        "{}:{{r:{recipient}}}:headline:calendar_quota",
+        env.namespace
+    )
+}
+
+/// Alice's message passes both rules; Bob's first message passes the headline rule (his own
+/// quota) but the global rule refuses it: Bob's headline quota must be refunded exactly.
+async fn second_rule_refuses_and_headline_is_refunded(rule: &str, first_at: &str, second_at: &str) {
+    let config = format!("{HEADLINE}\n[[rules]]\nname = \"second\"\nscope = \"global\"\n{rule}\n");
+    let mut env = TestEnv::with_config(&config).await;
+    let clock = ManualClock::new(local("UTC", first_at));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("a1", "alice", "UTC")).await;
+    assert!(
+        env.outcome("a1", &mut seen).await,
+        "alice's message passes both rules"
+    );
+    clock.set(local("UTC", second_at));
+    env.publish(&request("b1", "bob", "UTC")).await;
+    assert!(
+        !env.outcome("b1", &mut seen).await,
+        "the second rule refuses bob's message"
+    );
+    env.stop_worker().await;
+    let denials = env.denials().await;
+    assert_eq!(denials.len(), 1);
+    assert_eq!(
+        (denials[0].message_id.as_str(), denials[0].rule.as_str()),
+        ("b1", "second")
+    );
+    assert_eq!(members(&env, &headline_key(&env, "alice")).await, ["a1"]);
+    assert!(
+        members(&env, &headline_key(&env, "bob")).await.is_empty(),
+        "bob's headline quota was refunded"
+    );
+    assert_eq!(env.keys_without_expiry().await, Vec::<String>::new());
+}
+
+macro_rules! next_to_headline {
+    ($($name:ident: $rule:expr,)*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            second_rule_refuses_and_headline_is_refunded(
+                $rule,
+                "2026-04-01 09:59",
+                "2026-04-01 10:01",
+            )
+            .await;
+        }
+    )*};
+}
+
+next_to_headline! {
+    fixed_window_next_to_headline: "kind = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"",
+    sliding_window_hash_next_to_headline:
+        "kind = \"sliding_window\"\nlimit = 1\nwindow = \"1h\"\nsub_window = \"1m\"",
+    sliding_window_list_next_to_headline:
+        "kind = \"sliding_window\"\nlimit = 1\nwindow = \"1h\"\nsub_window = \"1m\"\nstorage = \"list\"",
+    sliding_log_next_to_headline: "kind = \"sliding_log\"\nsub_window = \"1m\"\npolicies = [{ limit = 1, window = \"1h\" }, { limit = 2, window = \"2h\" }]",
+    leaky_bucket_next_to_headline: "kind = \"leaky_bucket\"\ncapacity = 1\nrate = 1\nperiod = \"1h\"",
+    token_bucket_next_to_headline: "kind = \"token_bucket\"\ncapacity = 1\nrate = 1\nperiod = \"1h\"",
+    gcra_next_to_headline: "kind = \"gcra\"\nrate = 1\nperiod = \"1h\"\nburst = 1",
+    zset_window_next_to_headline: "kind = \"zset_window\"\nlimit = 1\nwindow = \"1h\"",
+    quiet_hours_next_to_headline: "kind = \"quiet_hours\"\nstart = \"10:00\"\nend = \"11:00\"",
+}
+
+#[tokio::test]
+async fn a_message_refused_by_one_rule_of_a_scope_consumes_nothing_in_the_others() {
+    let config = format!(
+        "{HEADLINE}\n[[rules]]\nname = \"spacing\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"3d\"\n"
+    );
+    let mut env = TestEnv::with_config(&config).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("m1", "alice", "UTC")).await;
+    assert!(env.outcome("m1", &mut seen).await);
+    // A new day: the headline rule would allow, the 3-day fixed window does not.
+    clock.set(local("UTC", "2026-04-02 09:00"));
+    env.publish(&request("m2", "alice", "UTC")).await;
+    assert!(!env.outcome("m2", &mut seen).await);
+    env.stop_worker().await;
+    assert_eq!(members(&env, &headline_key(&env, "alice")).await, ["m1"]);
+    let denial = &env.denials().await[0];
+    assert_eq!(denial.rule, "spacing");
+    assert_eq!(denial.reason, "at most 1 per 3d fixed window");
+    assert_eq!(denial.retry_after, Some(local("UTC", "2026-04-04 09:00")));
+}
+
+#[tokio::test]
+async fn a_shadow_rule_records_what_it_would_deny_and_the_message_is_dispatched() {
+    let config = format!(
+        "{HEADLINE}per_day = 5\nper_window = 10\n\n[[rules]]\nname = \"trial\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\non_deny = \"shadow\"\n"
+    );
+    let mut env = TestEnv::with_config(&config).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("m1", "alice", "UTC")).await;
+    assert!(env.outcome("m1", &mut seen).await);
+    env.publish(&request("m2", "alice", "UTC")).await;
+    assert!(
+        env.outcome("m2", &mut seen).await,
+        "shadow denials are dispatched"
+    );
+    env.stop_worker().await;
+    let denials = env.denials().await;
+    assert_eq!(denials.len(), 1);
+    assert_eq!(
+        (
+            denials[0].message_id.as_str(),
+            denials[0].rule.as_str(),
+            denials[0].shadow
+        ),
+        ("m2", "trial", true)
+    );
+    // The headline rule counted both dispatched messages.
+    assert_eq!(
+        members(&env, &headline_key(&env, "alice")).await,
+        ["m1", "m2"]
+    );
+}
+
+#[tokio::test]
+async fn a_delay_rule_parks_the_message_until_it_allows_then_dispatches_it_once() {
+    let config = "[[rules]]\nname = \"pace\"\nkind = \"gcra\"\nrate = 1\nperiod = \"10s\"\nburst = 1\non_deny = \"delay\"\n";
+    let mut env = TestEnv::with_config(config).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("m1", "alice", "UTC")).await;
+    assert!(env.outcome("m1", &mut seen).await);
+    env.publish(&request("m2", "alice", "UTC")).await;
+    // With the clock standing still, m2 keeps coming back from the shortest delay queue and is
+    // parked again; it is neither dispatched nor denied.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for id in env.take_dispatched().await {
+        *seen.entry(id).or_default() += 1;
+    }
+    assert!(!seen.contains_key("m2"), "not dispatched before its time");
+    clock.set(local("UTC", "2026-04-01 09:00:10"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen.contains_key("m2") {
+        assert!(Instant::now() < deadline, "m2 came back and was dispatched");
+        for id in env.take_dispatched().await {
+            *seen.entry(id).or_default() += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.stop_worker().await;
+    assert_eq!(seen.get("m2"), Some(&1));
+    assert!(env.denials().await.is_empty(), "a delay is not a denial");
+}
+
+#[tokio::test]
+async fn changing_a_rules_limits_keeps_its_counters() {
+    use sendquota::config::Settings;
+    use sendquota::limiter::Limiter;
+    use sendquota::message::SendRequest;
+    let env = TestEnv::new().await;
+    let rule = |limit: u32| {
+        Settings::from_toml(
+            &format!("[[rules]]\nname = \"w\"\nkind = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n"),
+            |_| None,
+        )
+        .expect("valid")
+        .policy
+    };
+    let limiter = Limiter::new(env.redis.clone(), &env.namespace);
+    let at = local("UTC", "2026-04-01 09:00");
+    let message = |id: &str| {
+        SendRequest::decode(request(id, "alice", "UTC").to_string().as_bytes(), 1 << 16)
+            .expect("valid")
+    };
+    let first = limiter
+        .evaluate(&rule(3), &message("m1"), at, true)
+        .await
+        .expect("evaluate");
+    assert_eq!(first.verdicts[0].remaining, Some(2));
+    // The limit drops to 1: the send already counted fills the new window.
+    let second = limiter
+        .evaluate(&rule(1), &message("m2"), at, true)
+        .await
+        .expect("evaluate");
+    assert!(!second.verdicts[0].allowed);
+    // And back up to 3: one counted, one more admitted, one left.
+    let third = limiter
+        .evaluate(&rule(3), &message("m3"), at, true)
+        .await
+        .expect("evaluate");
+    assert_eq!(third.verdicts[0].remaining, Some(1));
+}
