@@ -1,0 +1,80 @@
+//! The worker on a real 3-master Redis Cluster: scopes hash to different slots and nodes, each
+//! scope's rules share one slot, so every script call is single-slot (no CROSSSLOT), and the
+//! outcomes are the same as on one server.
+
+mod support;
+
+use std::collections::HashMap;
+
+use sendquota::clock::ManualClock;
+use support::{local, request, TestEnv};
+
+#[tokio::test]
+async fn the_worker_decides_across_scopes_on_a_redis_cluster() {
+    let config = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n\n\
+                  [[rules]]\nname = \"per_channel\"\nkind = \"sliding_window\"\nscope = \"channel\"\n\
+                  limit = 30\nwindow = \"1h\"\nsub_window = \"1m\"\n\n\
+                  [[rules]]\nname = \"global\"\nkind = \"gcra\"\nscope = \"global\"\nrate = 25\n\
+                  period = \"1h\"\nburst = 25\n";
+    let mut env = TestEnv::on_cluster(config).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    let mut outcomes = Vec::new();
+    // 20 recipients (spread over the cluster's slots), two messages each: the second is denied
+    // by the headline rule; the first 25 admitted exhaust the global burst.
+    for round in 0..2 {
+        for r in 0..20 {
+            let id = format!("m{round}-{r}");
+            env.publish(&request(&id, &format!("user-{r}"), "UTC"))
+                .await;
+            outcomes.push((id.clone(), env.outcome(&id, &mut seen).await));
+        }
+    }
+    env.stop_worker().await;
+    let sent: Vec<&str> = outcomes
+        .iter()
+        .filter(|(_, s)| *s)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let expected: Vec<String> = (0..20).map(|r| format!("m0-{r}")).collect();
+    assert_eq!(
+        sent,
+        expected.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    let denials = env.denials().await;
+    assert_eq!(denials.len(), 20);
+    assert!(denials.iter().all(|d| d.rule == "headline"));
+    // Headline keys live on several nodes: the keys really are spread.
+    let keys = env.keys().await;
+    assert!(keys.len() >= 20 + 2, "keys: {keys:?}");
+    assert_eq!(env.keys_without_expiry().await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_refused_global_rule_refunds_recipient_quota_on_another_node() {
+    let config = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n\n\
+                  [[rules]]\nname = \"global\"\nkind = \"zset_window\"\nscope = \"global\"\n\
+                  limit = 3\nwindow = \"1h\"\n";
+    let mut env = TestEnv::on_cluster(config).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    let mut sent = 0;
+    for r in 0..8 {
+        let id = format!("m{r}");
+        env.publish(&request(&id, &format!("user-{r}"), "UTC"))
+            .await;
+        sent += usize::from(env.outcome(&id, &mut seen).await);
+    }
+    env.stop_worker().await;
+    assert_eq!(sent, 3, "the global limit admits three");
+    // Only the three admitted recipients hold a headline entry: the five refused were refunded.
+    let headline_keys: Vec<String> = env
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| k.ends_with(":headline:calendar_quota"))
+        .collect();
+    assert_eq!(headline_keys.len(), 3, "{headline_keys:?}");
+}
