@@ -1,0 +1,106 @@
+//! Decisions per second of the limiter path (policy + one script call per scope, no broker),
+//! per kind, each kind alone in a policy, against local Redis.
+//!
+//! `cargo bench --bench decisions -- [--decisions N] [--concurrency C] [--recipients R]`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::{DateTime, Duration, Utc};
+use futures_util::StreamExt;
+use sendquota::config::Settings;
+use sendquota::limiter::Limiter;
+use sendquota::message::SendRequest;
+use sendquota::policy::Policy;
+
+const KINDS: [(&str, &str); 10] = [
+    ("calendar_quota (headline)", "kind = \"calendar_quota\""),
+    ("fixed_window", "kind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\""),
+    ("sliding_window hash", "kind = \"sliding_window\"\nlimit = 5\nwindow = \"1h\"\nsub_window = \"1m\""),
+    ("sliding_window list", "kind = \"sliding_window\"\nlimit = 5\nwindow = \"1h\"\nsub_window = \"1m\"\nstorage = \"list\""),
+    ("sliding_log", "kind = \"sliding_log\"\nsub_window = \"1m\"\npolicies = [{ limit = 3, window = \"10m\" }, { limit = 5, window = \"1h\" }]"),
+    ("leaky_bucket", "kind = \"leaky_bucket\"\ncapacity = 5\nrate = 1\nperiod = \"1m\""),
+    ("token_bucket", "kind = \"token_bucket\"\ncapacity = 5\nrate = 1\nperiod = \"1m\""),
+    ("gcra", "kind = \"gcra\"\nrate = 5\nperiod = \"1h\"\nburst = 5"),
+    ("zset_window", "kind = \"zset_window\"\nlimit = 5\nwindow = \"1h\""),
+    ("quiet_hours", "kind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\""),
+];
+
+fn flag(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                eprintln!("{name} takes a whole number");
+                std::process::exit(2)
+            }),
+        None => default,
+    }
+}
+
+fn policy(rule: &str) -> Policy {
+    Settings::from_toml(&format!("[[rules]]\nname = \"r\"\n{rule}\n"), |_| None)
+        .expect("bench policy is valid")
+        .policy
+}
+
+/// Runs `n` committed decisions over `recipients` recipients, `concurrency` at a time, one
+/// simulated millisecond apart; returns decisions per second and the share allowed.
+async fn run(
+    limiter: &Limiter,
+    policy: &Arc<Policy>,
+    n: usize,
+    concurrency: usize,
+    recipients: usize,
+) -> (f64, f64) {
+    let start: DateTime<Utc> = "2026-04-01T12:00:00Z".parse().expect("instant");
+    let messages: Vec<SendRequest> = (0..n)
+        .map(|i| {
+            let body = support::request(&format!("m{i}"), &format!("r{}", i % recipients), "UTC");
+            SendRequest::decode(body.to_string().as_bytes(), 1 << 16).expect("valid")
+        })
+        .collect();
+    let began = Instant::now();
+    let allowed: usize = futures_util::stream::iter(messages.iter().enumerate())
+        .map(|(i, m)| {
+            let policy = policy.clone();
+            async move {
+                let at = start + Duration::milliseconds(i as i64);
+                let e = limiter
+                    .evaluate(&policy, m, at, true)
+                    .await
+                    .expect("evaluate");
+                usize::from(e.committed)
+            }
+        })
+        .buffer_unordered(concurrency)
+        .fold(0, |a, b| async move { a + b })
+        .await;
+    let secs = began.elapsed().as_secs_f64();
+    (n as f64 / secs, allowed as f64 / n as f64)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = flag("--decisions", 50_000);
+    let concurrency = flag("--concurrency", 128);
+    let recipients = flag("--recipients", 10_000);
+    let redis = support::connect_redis(&support::single_settings()).await;
+    let namespace = support::unique("sqtbench");
+    let limiter = Limiter::new(redis.clone(), &namespace);
+    println!(
+        "{n} decisions per kind, {concurrency} concurrent, {recipients} recipients, local Redis"
+    );
+    println!("{:<28} {:>12} {:>9}", "kind", "decisions/s", "allowed");
+    for (name, rule) in KINDS {
+        let policy = Arc::new(policy(rule));
+        let (rate, allowed) = run(&limiter, &policy, n, concurrency, recipients).await;
+        println!("{name:<28} {rate:>12.0} {:>8.0}%", allowed * 100.0);
+        support::delete_keys(&mut redis.clone(), &format!("{namespace}:*")).await;
+    }
+}
