@@ -18,6 +18,14 @@ use crate::message::SendRequest;
 
 pub use query::DenialFilter;
 
+/// SQLSTATE of an insert whose row falls in no partition (check_violation).
+const NO_PARTITION: &str = "23514";
+
+/// The text an event's advisory lock is derived from.
+fn event_key(message_id: &str, rule: &str, replay_of: Option<i64>) -> String {
+    format!("{message_id}\u{1f}{rule}\u{1f}{}", replay_of.unwrap_or(0))
+}
+
 /// Migrations, compiled in so the binary can apply them without the source tree.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -124,14 +132,39 @@ impl DenialStore {
         Ok(())
     }
 
-    /// Records a denial; returns false when the same event was already recorded.
+    /// Records a denial; returns false when the same event (message, rule, replay) was
+    /// already recorded, as when a denied message is delivered again. Creates the month's
+    /// partition when it is the first denial of that month.
     pub async fn insert(&self, d: &NewDenial<'_>) -> Result<bool, DenialError> {
+        match self.try_insert(d).await {
+            Err(DenialError::Database(sqlx::Error::Database(e)))
+                if e.code().as_deref() == Some(NO_PARTITION) =>
+            {
+                sqlx::query("SELECT denials_ensure_partition($1)")
+                    .bind(d.denied_at)
+                    .execute(&self.pool)
+                    .await?;
+                self.try_insert(d).await
+            }
+            other => other,
+        }
+    }
+
+    async fn try_insert(&self, d: &NewDenial<'_>) -> Result<bool, DenialError> {
         let m = d.message;
+        let mut tx = self.pool.begin().await?;
+        // Serialise writers of the same event; the insert below runs in a new snapshot, so it
+        // sees a row that a concurrent writer committed while this one waited.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(event_key(&m.id, d.rule, d.replay_of))
+            .execute(&mut *tx)
+            .await?;
         let done = sqlx::query(
             "INSERT INTO denials (message_id, recipient, channel, category, rule, kind, reason, \
              shadow, retry_after, message, denied_at, replay_of) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-             ON CONFLICT DO NOTHING",
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
+             WHERE NOT EXISTS (SELECT 1 FROM denials WHERE message_id = $1 AND rule = $5 \
+             AND replay_of IS NOT DISTINCT FROM $12)",
         )
         .bind(&m.id)
         .bind(&m.recipient)
@@ -145,8 +178,9 @@ impl DenialStore {
         .bind(sqlx::types::Json(m.to_json()))
         .bind(d.denied_at)
         .bind(d.replay_of)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
 
