@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::broker::{self, Names, Publisher};
 use crate::clock::{Clock, ManualClock, SystemClock};
-use crate::config::{redact_url, ConfigError, Settings};
+use crate::config::{ConfigError, Settings};
 use crate::decision;
 use crate::denials::{Denial, DenialFilter, DenialStore};
 use crate::limiter::Limiter;
@@ -194,7 +194,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Config {
             action: ConfigAction::Check,
         } => {
-            println!("{}", effective_config(&settings));
+            print!("{}", settings.effective_toml());
             Ok(())
         }
     }
@@ -237,7 +237,15 @@ pub fn parse_since(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliErro
         (Ok(n), 'h') if n >= 0 => Duration::try_hours(n),
         (Ok(n), 'm') if n >= 0 => Duration::try_minutes(n),
         (Ok(n), 's') if n >= 0 => Duration::try_seconds(n),
-        _ => return parse_instant(s),
+        _ => {
+            return DateTime::parse_from_rfc3339(s)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|_| {
+                    CliError::Input(format!(
+                        "{s:?} is neither an RFC3339 instant nor an age such as 7d, 36h, 90m or 30s"
+                    ))
+                })
+        }
     };
     age.and_then(|a| now.checked_sub_signed(a))
         .ok_or_else(|| CliError::Input(format!("{s:?} reaches too far back")))
@@ -470,25 +478,4 @@ fn write_csv(out: &mut impl Write, rows: &[Denial]) -> std::io::Result<()> {
         writeln!(out, "{}", cells.join(","))?;
     }
     Ok(())
-}
-
-/// The effective configuration as TOML-like text, secrets redacted.
-fn effective_config(s: &Settings) -> String {
-    let redis = if s.redis.cluster_urls.is_empty() {
-        format!("url = {:?}", redact_url(&s.redis.url))
-    } else {
-        let urls: Vec<String> = s.redis.cluster_urls.iter().map(|u| redact_url(u)).collect();
-        format!("cluster_urls = {urls:?}")
-    };
-    let policy = serde_json::to_string_pretty(&s.policy).unwrap_or_default();
-    format!(
-        "namespace = {:?}\n[redis]\n{redis}\n[amqp]\nurl = {:?}\nprefetch = {}\nqueue_type = {:?}\n\
-         [database]\nurl = {:?}\n[worker]\n{:?}\n# policy\n{policy}",
-        s.namespace,
-        redact_url(&s.amqp.url),
-        s.amqp.prefetch,
-        s.amqp.queue_type,
-        redact_url(&s.database.url),
-        s.worker,
-    )
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use chrono_tz::Tz;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::message::DEFAULT_MAX_BODY_BYTES;
 use crate::policy::{Policy, PolicyError, RawRule};
@@ -71,7 +71,7 @@ pub struct Settings {
 }
 
 /// Redis connection settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
     /// A single server's URL.
@@ -83,7 +83,7 @@ pub struct RedisSettings {
 }
 
 /// Broker settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AmqpSettings {
     /// The broker URL.
@@ -96,7 +96,7 @@ pub struct AmqpSettings {
 }
 
 /// RabbitMQ queue type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueType {
     /// Replicated, durable; the default.
@@ -106,7 +106,7 @@ pub enum QueueType {
 }
 
 /// Postgres settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseSettings {
     /// The database URL.
@@ -120,7 +120,7 @@ pub struct DatabaseSettings {
 }
 
 /// Worker behaviour.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
     /// Messages decided at the same time.
@@ -243,7 +243,12 @@ impl Settings {
             file.redis.cluster_urls.clear();
         }
         if let Some(urls) = env("SENDQUOTA_REDIS_CLUSTER_URLS") {
-            file.redis.cluster_urls = urls.split(',').map(|u| u.trim().to_owned()).collect();
+            file.redis.cluster_urls = urls
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned)
+                .collect();
         }
         if let Some(url) = env("SENDQUOTA_AMQP_URL") {
             file.amqp.url = url;
@@ -271,6 +276,7 @@ impl Settings {
                     .to_owned(),
             ));
         }
+        check_urls(&file.redis, &file.amqp, &file.database)?;
         let policy = Policy::from_raw(zone, file.rules)?;
         Ok(Settings {
             namespace,
@@ -280,6 +286,68 @@ impl Settings {
             worker: file.worker,
             policy,
         })
+    }
+}
+
+/// Parses every connection URL without connecting, so a malformed one is a configuration error
+/// (exit 2) rather than a connection failure. Messages never repeat the URL: it may hold a
+/// password.
+fn check_urls(
+    redis: &RedisSettings,
+    amqp: &AmqpSettings,
+    database: &DatabaseSettings,
+) -> Result<(), ConfigError> {
+    let redis_urls = if redis.cluster_urls.is_empty() {
+        std::slice::from_ref(&redis.url)
+    } else {
+        &redis.cluster_urls[..]
+    };
+    for url in redis_urls {
+        if let Err(e) = redis::Client::open(url.as_str()) {
+            return Err(ConfigError::Invalid(format!("redis url is not valid: {e}")));
+        }
+    }
+    if let Err(e) = amqp.url.parse::<lapin::uri::AMQPUri>() {
+        return Err(ConfigError::Invalid(format!("amqp url is not valid: {e}")));
+    }
+    if let Err(e) = database.url.parse::<sqlx::postgres::PgConnectOptions>() {
+        return Err(ConfigError::Invalid(format!(
+            "database url is not valid: {e}"
+        )));
+    }
+    Ok(())
+}
+
+impl Settings {
+    /// The effective configuration as TOML, connection passwords redacted (`config check`).
+    pub fn effective_toml(&self) -> String {
+        #[derive(Serialize)]
+        struct Effective<'a> {
+            namespace: &'a str,
+            default_timezone: &'a str,
+            redis: RedisSettings,
+            amqp: AmqpSettings,
+            database: DatabaseSettings,
+            worker: &'a WorkerSettings,
+            rules: &'a [crate::policy::Rule],
+        }
+        let mut redis = self.redis.clone();
+        redis.url = redact_url(&redis.url);
+        redis.cluster_urls = redis.cluster_urls.iter().map(|u| redact_url(u)).collect();
+        let mut amqp = self.amqp.clone();
+        amqp.url = redact_url(&amqp.url);
+        let mut database = self.database.clone();
+        database.url = redact_url(&database.url);
+        let effective = Effective {
+            namespace: &self.namespace,
+            default_timezone: self.policy.default_zone.name(),
+            redis,
+            amqp,
+            database,
+            worker: &self.worker,
+            rules: &self.policy.rules,
+        };
+        toml::to_string(&effective).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
     }
 }
 

@@ -193,9 +193,97 @@ impl DenialStore {
             .await?)
     }
 
+    /// Claims up to `batch` unreplayed, non-shadow denials matching `filter`, oldest first,
+    /// skipping rows another replay holds. The rows stay locked until the claim is finished
+    /// (marked replayed, committed) or dropped (rolled back, to be replayed again later).
+    pub async fn claim(&self, filter: &DenialFilter, batch: i64) -> Result<Claim, DenialError> {
+        let mut tx = self.pool.begin().await?;
+        let mut q = sqlx::QueryBuilder::new(format!(
+            "SELECT {} FROM denials WHERE replayed_at IS NULL AND NOT shadow",
+            query::COLUMNS
+        ));
+        filter.push_conditions(&mut q);
+        q.push(" ORDER BY id LIMIT ")
+            .push_bind(batch.max(1))
+            .push(" FOR UPDATE SKIP LOCKED");
+        let rows = q.build_query_as().fetch_all(&mut *tx).await?;
+        Ok(Claim { tx, rows })
+    }
+
+    /// Unreplayed, non-shadow denials matching `filter`, oldest first, without claiming them
+    /// (what a dry run lists).
+    pub async fn replayable(
+        &self,
+        filter: &DenialFilter,
+        limit: i64,
+    ) -> Result<Vec<Denial>, DenialError> {
+        let mut q = sqlx::QueryBuilder::new(format!(
+            "SELECT {} FROM denials WHERE replayed_at IS NULL AND NOT shadow",
+            query::COLUMNS
+        ));
+        filter.push_conditions(&mut q);
+        q.push(" ORDER BY id LIMIT ").push_bind(limit.max(1));
+        Ok(q.build_query_as().fetch_all(&self.pool).await?)
+    }
+
+    /// Drops every monthly partition that ends on or before `cutoff`; returns their names.
+    /// Whole partitions go at once: no row-by-row delete, no table bloat.
+    pub async fn prune(&self, cutoff: DateTime<Utc>) -> Result<Vec<String>, DenialError> {
+        let partitions: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT c.relname::text, \
+             (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \\(''([^'']+)''\\)'))[1]::timestamptz \
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+             WHERE i.inhparent = 'denials'::regclass ORDER BY 2",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut dropped = Vec::new();
+        for (name, upper) in partitions {
+            if upper <= cutoff {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP TABLE \"{}\"",
+                    name.replace('"', "\"\"")
+                )))
+                .execute(&self.pool)
+                .await?;
+                dropped.push(name);
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// The pool, for tools that run their own statements.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Whether Postgres answers.
     pub async fn ping(&self) -> Result<(), DenialError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+/// Denials claimed for replay, locked in a transaction until [`Claim::finish`].
+pub struct Claim {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    rows: Vec<Denial>,
+}
+
+impl Claim {
+    /// The claimed rows, oldest first.
+    pub fn rows(&self) -> &[Denial] {
+        &self.rows
+    }
+
+    /// Marks `ids` (published) as replayed at `at` and releases the claim.
+    pub async fn finish(mut self, ids: &[i64], at: DateTime<Utc>) -> Result<(), DenialError> {
+        sqlx::query("UPDATE denials SET replayed_at = $1 WHERE id = ANY($2)")
+            .bind(at)
+            .bind(ids)
+            .execute(&mut *self.tx)
+            .await?;
+        self.tx.commit().await?;
         Ok(())
     }
 }

@@ -26,6 +26,8 @@ pub struct DenialFilter {
     pub shadow: Option<bool>,
     /// Only replayed (true) or only unreplayed (false) denials.
     pub replayed: Option<bool>,
+    /// Only denials whose retry_after has passed at this instant (replay `--due`).
+    pub due_at: Option<DateTime<Utc>>,
     /// Rows with an id below this one (the last id of the previous page).
     pub after: Option<i64>,
     /// Page size.
@@ -35,10 +37,18 @@ pub struct DenialFilter {
 impl DenialFilter {
     /// The query, every value a bound parameter.
     pub(super) fn build(&self) -> QueryBuilder<Postgres> {
-        let mut q = QueryBuilder::new(
-            "SELECT id, message_id, recipient, channel, category, rule, kind, reason, shadow, \
-             retry_after, denied_at, replayed_at, replay_of, message FROM denials WHERE TRUE",
-        );
+        let mut q = QueryBuilder::new(format!("SELECT {COLUMNS} FROM denials WHERE TRUE"));
+        self.push_conditions(&mut q);
+        if let Some(after) = self.after {
+            q.push(" AND id < ").push_bind(after);
+        }
+        q.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(self.limit.clamp(1, MAX_LIMIT));
+        q
+    }
+
+    /// Appends `AND ...` for every filter that is set.
+    pub(super) fn push_conditions(&self, q: &mut QueryBuilder<Postgres>) {
         let text_filters = [
             ("recipient", &self.recipient),
             ("rule", &self.rule),
@@ -47,7 +57,8 @@ impl DenialFilter {
         ];
         for (column, value) in text_filters {
             if let Some(v) = value {
-                q.push(format_args!(" AND {column} = ")).push_bind(v);
+                q.push(format_args!(" AND {column} = "))
+                    .push_bind(v.clone());
             }
         }
         if let Some(since) = self.since {
@@ -62,13 +73,14 @@ impl DenialFilter {
         match self.replayed {
             Some(true) => q.push(" AND replayed_at IS NOT NULL"),
             Some(false) => q.push(" AND replayed_at IS NULL"),
-            None => &mut q,
+            None => &mut *q,
         };
-        if let Some(after) = self.after {
-            q.push(" AND id < ").push_bind(after);
+        if let Some(due) = self.due_at {
+            q.push(" AND retry_after <= ").push_bind(due);
         }
-        q.push(" ORDER BY id DESC LIMIT ")
-            .push_bind(self.limit.clamp(1, MAX_LIMIT));
-        q
     }
 }
+
+/// The columns of a [`super::Denial`], in its field order.
+pub(super) const COLUMNS: &str = "id, message_id, recipient, channel, category, rule, kind, \
+    reason, shadow, retry_after, denied_at, replayed_at, replay_of, message";

@@ -49,6 +49,7 @@ pub struct Window {
     /// Sends allowed per window.
     pub limit: u32,
     /// Window length in milliseconds.
+    #[serde(rename = "window", serialize_with = "as_duration")]
     pub window_ms: i64,
 }
 
@@ -68,8 +69,10 @@ pub struct SlidingWindow {
     /// Sends allowed per window.
     pub limit: u32,
     /// Window length in milliseconds.
+    #[serde(rename = "window", serialize_with = "as_duration")]
     pub window_ms: i64,
     /// Sub-window length in milliseconds; divides the window.
+    #[serde(rename = "sub_window", serialize_with = "as_duration")]
     pub sub_window_ms: i64,
     /// Storage layout.
     pub storage: Storage,
@@ -79,8 +82,10 @@ pub struct SlidingWindow {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SlidingLog {
     /// Sub-window length in milliseconds; divides every window.
+    #[serde(rename = "sub_window", serialize_with = "as_duration")]
     pub sub_window_ms: i64,
     /// (limit, window ms), windows strictly increasing, limits strictly increasing.
+    #[serde(serialize_with = "as_policies")]
     pub policies: Vec<(u32, i64)>,
 }
 
@@ -92,6 +97,7 @@ pub struct Bucket {
     /// Sends leaked per period.
     pub rate: u32,
     /// The period in milliseconds.
+    #[serde(rename = "period", serialize_with = "as_duration")]
     pub period_ms: i64,
 }
 
@@ -111,6 +117,7 @@ pub struct Gcra {
     /// Sends per period.
     pub rate: u32,
     /// The period in milliseconds.
+    #[serde(rename = "period", serialize_with = "as_duration")]
     pub period_ms: i64,
     /// Sends allowed at once.
     pub burst: u32,
@@ -121,8 +128,10 @@ pub struct Gcra {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct QuietHours {
     /// Local time the quiet period starts.
+    #[serde(serialize_with = "as_hh_mm")]
     pub start: NaiveTime,
     /// Local time it ends.
+    #[serde(serialize_with = "as_hh_mm")]
     pub end: NaiveTime,
 }
 
@@ -416,6 +425,32 @@ fn quiet_hours(p: &mut Params<'_>) -> Result<QuietHours, String> {
         return Err("start and end are the same time: the quiet period would be empty".to_owned());
     }
     Ok(q)
+}
+
+fn as_duration<S: serde::Serializer>(ms: &i64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&human_ms(*ms))
+}
+
+fn as_hh_mm<S: serde::Serializer>(t: &NaiveTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&t.format("%H:%M").to_string())
+}
+
+fn as_policies<S: serde::Serializer>(policies: &[(u32, i64)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::{SerializeMap, SerializeSeq};
+    struct Policy(u32, i64);
+    impl Serialize for Policy {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut m = s.serialize_map(Some(2))?;
+            m.serialize_entry("limit", &self.0)?;
+            m.serialize_entry("window", &human_ms(self.1))?;
+            m.end()
+        }
+    }
+    let mut seq = s.serialize_seq(Some(policies.len()))?;
+    for &(limit, window) in policies {
+        seq.serialize_element(&Policy(limit, window))?;
+    }
+    seq.end()
 }
 
 /// A duration in milliseconds, written the way configuration takes it.

@@ -1,0 +1,392 @@
+//! The `sendquota` binary end to end: exit codes, stdout and stderr as scripts see them.
+
+mod support;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use chrono::{Duration, SecondsFormat, SubsecRound, Utc};
+use sendquota::clock::ManualClock;
+use serde_json::{json, Value};
+use support::{request, TestEnv};
+
+/// What one run of the binary left behind.
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    /// Exit code, stdout and stderr, to compare at once.
+    fn all(&self) -> (i32, &str, &str) {
+        (self.code, &self.stdout, &self.stderr)
+    }
+}
+
+/// A file in the temp directory (a config or a batch of requests), removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(text: &str) -> TempFile {
+        let path = std::env::temp_dir().join(format!("{}.toml", support::unique("sqcli")));
+        std::fs::write(&path, text).expect("write temp file");
+        TempFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The binary with no SENDQUOTA_* setting inherited from the test process and logging off.
+fn bare() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SENDQUOTA_")) {
+        cmd.env_remove(k);
+    }
+    cmd.env("SENDQUOTA_LOG", "off");
+    cmd
+}
+
+/// The binary on `env`'s namespace and services, with `config` (classic queues, as declared).
+fn on(env: &TestEnv, config: &TempFile) -> Command {
+    let mut cmd = bare();
+    cmd.args(["--config", config.path()])
+        .env("SENDQUOTA_NAMESPACE", &env.namespace)
+        .env("SENDQUOTA_REDIS_URL", support::redis_url())
+        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
+        .env("SENDQUOTA_DATABASE_URL", &env.database_url);
+    cmd
+}
+
+fn classic() -> TempFile {
+    TempFile::new("[amqp]\nqueue_type = \"classic\"\n")
+}
+
+/// Runs `cmd` with `args` (and `stdin`, if any) off the async runtime and collects the output.
+fn run(mut cmd: Command, args: &[&str], stdin: Option<&str>) -> impl Future<Output = Out> {
+    cmd.args(args);
+    let input = stdin.map(str::to_owned);
+    let task = tokio::task::spawn_blocking(move || output(cmd, input.as_deref()));
+    async move { task.await.expect("run the binary") }
+}
+
+fn output(mut cmd: Command, stdin: Option<&str>) -> Out {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start the sendquota binary");
+    let mut pipe = child.stdin.take().expect("stdin pipe");
+    if let Some(text) = stdin {
+        pipe.write_all(text.as_bytes()).expect("write stdin");
+    }
+    drop(pipe);
+    let out = child.wait_with_output().expect("wait for the binary");
+    Out {
+        code: out.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        stderr: String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    }
+}
+
+fn config_check(config: Option<&TempFile>) -> Out {
+    let mut cmd = bare();
+    if let Some(c) = config {
+        cmd.args(["--config", c.path()]);
+    }
+    cmd.args(["config", "check"]);
+    output(cmd, None)
+}
+
+fn message(id: &str, recipient: &str) -> String {
+    request(id, recipient, "UTC").to_string()
+}
+
+#[test]
+fn config_check_without_a_file_prints_the_headline_rule_and_exits_0() {
+    let out = config_check(None);
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+    let effective: toml::Table = toml::from_str(&out.stdout).expect("the output is TOML");
+    let rules = effective["rules"].as_array().expect("rules");
+    let headline: toml::Table = toml::from_str(
+        "name = \"headline\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\n\
+         window_days = 7\nscope = \"recipient\"\non_deny = \"drop\"\n\
+         match = { channels = [], categories = [] }\n",
+    )
+    .expect("expected rule");
+    assert_eq!(rules, &vec![toml::Value::Table(headline)]);
+    assert_eq!(effective["default_timezone"].as_str(), Some("UTC"));
+}
+
+#[test]
+fn config_check_output_is_a_config_that_loads_to_the_same_output() {
+    let config = TempFile::new(
+        "[[rules]]\nname = \"log\"\nkind = \"sliding_log\"\nsub_window = \"1m\"\n\
+         policies = [{ limit = 3, window = \"10m\" }, { limit = 5, window = \"1h\" }]\n\
+         [[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\"\n",
+    );
+    let first = config_check(Some(&config));
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let again = TempFile::new(&first.stdout);
+    let second = config_check(Some(&again));
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    assert_eq!(first.stdout, second.stdout);
+}
+
+#[test]
+fn malformed_connection_urls_are_config_errors_with_exit_2() {
+    for (var, message) in [
+        ("SENDQUOTA_REDIS_URL", "sendquota: redis url is not valid: "),
+        ("SENDQUOTA_AMQP_URL", "sendquota: amqp url is not valid: "),
+        (
+            "SENDQUOTA_DATABASE_URL",
+            "sendquota: database url is not valid: ",
+        ),
+    ] {
+        let mut cmd = bare();
+        cmd.args(["config", "check"]).env(var, "garbage");
+        let out = output(cmd, None);
+        assert_eq!(out.code, 2, "{var}: {}", out.stderr);
+        assert!(out.stderr.starts_with(message), "{var}: {}", out.stderr);
+        assert!(!out.stderr.contains("garbage"), "the URL is not echoed");
+    }
+}
+
+#[test]
+fn config_check_redacts_the_amqp_password() {
+    let config = TempFile::new("[amqp]\nurl = \"amqp://guest:s3cret@127.0.0.1:5672/%2f\"\n");
+    let out = config_check(Some(&config));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out
+        .stdout
+        .contains("url = \"amqp://guest:***@127.0.0.1:5672/%2f\"\n"));
+    assert!(!out.stdout.contains("s3cret") && !out.stderr.contains("s3cret"));
+}
+
+/// Runs `config check` on `text`, which must be refused: exit 2, nothing on stdout, one line
+/// on stderr, which is returned without the file's path.
+fn refused(text: &str) -> String {
+    let config = TempFile::new(text);
+    let out = config_check(Some(&config));
+    assert_eq!((out.code, out.stdout.as_str()), (2, ""), "{text}");
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    out.stderr.replace(config.path(), "FILE")
+}
+
+#[test]
+fn bad_config_files_exit_2_with_one_line_naming_the_problem() {
+    let rule =
+        |params: &str| format!("[[rules]]\nname = \"a\"\nkind = \"calendar_quota\"\n{params}");
+    assert_eq!(
+        refused("[[rules]]\nname = \"x\"\nkind = \"nope\"\n"),
+        "sendquota: rule \"x\": unknown kind \"nope\" (known kinds: calendar_quota, \
+         fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, \
+         zset_window, quiet_hours)\n"
+    );
+    let valid = "per_day = 1\nper_window = 3\nwindow_days = 7\n";
+    assert_eq!(
+        refused(&rule(valid).repeat(2)),
+        "sendquota: duplicate rule name \"a\"\n"
+    );
+    assert_eq!(
+        refused(&rule("per_day = 5\nper_window = 3\nwindow_days = 7\n")),
+        "sendquota: rule \"a\": per_day (5) is larger than per_window (3)\n"
+    );
+    assert_eq!(
+        refused("default_timezone = \"Mars/Olympus\"\n"),
+        "sendquota: default_timezone: unknown time zone \"Mars/Olympus\"\n"
+    );
+    assert_eq!(
+        refused(&rule("per_dya = 1\nper_window = 3\nwindow_days = 7\n")),
+        "sendquota: rule \"a\": unknown parameter `per_dya` for kind calendar_quota\n"
+    );
+    assert_eq!(
+        refused("colour = \"blue\"\n"),
+        "sendquota: config file FILE: line 1: unknown field `colour`, expected one of \
+         `namespace`, `default_timezone`, `redis`, `amqp`, `database`, `worker`, `rules`\n"
+    );
+}
+
+#[tokio::test]
+async fn check_decides_without_consuming_unless_commit_and_a_deny_names_the_next_midnight() {
+    let env = TestEnv::new().await;
+    let config = classic();
+    let check = |id: &str, at: &str, commit: bool| {
+        let message = message(id, "alice");
+        let mut args = vec!["check", "--message", &message, "--at", at];
+        args.extend(commit.then_some("--commit"));
+        let out = run(on(&env, &config), &args, None);
+        async move {
+            let out = out.await;
+            let lines = out.stdout.lines().count();
+            assert_eq!((out.code, lines, out.stderr.as_str()), (0, 1, ""));
+            serde_json::from_str::<Value>(&out.stdout).expect("one JSON object")
+        }
+    };
+    let allow = json!({
+        "outcome": "allow", "rule": null, "retry_after": null,
+        "rules": [{"rule": "headline", "kind": "calendar_quota", "allowed": true,
+                   "remaining": 0, "retry_after": null}],
+    });
+    assert_eq!(check("m1", "2026-02-02T09:00:00Z", false).await, allow);
+    assert_eq!(check("m2", "2026-02-02T09:00:00Z", false).await, allow);
+    assert!(env.keys().await.is_empty(), "nothing consumed");
+    assert_eq!(check("m1", "2026-02-02T09:00:00Z", true).await, allow);
+    let deny = check("m2", "2026-02-02T23:59:59Z", false).await;
+    assert_eq!(
+        deny,
+        json!({
+            "outcome": "deny", "rule": "headline", "retry_after": "2026-02-03T00:00:00Z",
+            "rules": [{"rule": "headline", "kind": "calendar_quota", "allowed": false,
+                       "remaining": 0, "retry_after": "2026-02-03T00:00:00Z"}],
+        })
+    );
+}
+
+#[tokio::test]
+async fn check_exits_2_on_an_invalid_message_and_1_when_redis_is_unreachable() {
+    let env = TestEnv::new().await;
+    let config = classic();
+    let bad = r#"{"id":"m1","channel":"sms"}"#;
+    let bad = run(on(&env, &config), &["check", "--message", bad], None).await;
+    let stderr = "sendquota: invalid message: missing field `recipient`\n";
+    assert_eq!(bad.all(), (2, "", stderr));
+    let mut cmd = on(&env, &config);
+    cmd.env("SENDQUOTA_REDIS_URL", "redis://127.0.0.1:1");
+    let down = run(cmd, &["check", "--message", &message("m1", "alice")], None).await;
+    let lines = down.stderr.lines().count();
+    assert_eq!((down.code, down.stdout.as_str(), lines), (1, "", 1));
+    assert!(
+        down.stderr.starts_with("sendquota: redis: "),
+        "{}",
+        down.stderr
+    );
+}
+
+async fn queued_ids(env: &TestEnv) -> Vec<String> {
+    let mut ids: Vec<String> = env
+        .drain(&env.names.requests)
+        .await
+        .iter()
+        .map(|m| {
+            let v: Value = serde_json::from_slice(&m.delivery.data).expect("JSON body");
+            v["id"].as_str().expect("an id").to_owned()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn publish_sends_every_line_of_a_file_or_stdin_and_nothing_when_a_line_is_invalid() {
+    let env = TestEnv::new().await;
+    let config = classic();
+    let lines = [message("p1", "a"), message("p2", "b"), message("p3", "c")];
+    let file = TempFile::new(&format!("{}\n{}\n\n{}\n", lines[0], lines[1], lines[2]));
+    let out = run(on(&env, &config), &["publish", file.path()], None).await;
+    let published = format!("published 3 messages to {}.requests\n", env.namespace);
+    assert_eq!(out.all(), (0, published.as_str(), ""));
+    assert_eq!(queued_ids(&env).await, ["p1", "p2", "p3"]);
+
+    let broken = TempFile::new(&format!("{}\n{{\"id\":\"p2\"}}\n{}\n", lines[0], lines[2]));
+    let out = run(on(&env, &config), &["publish", broken.path()], None).await;
+    let stderr = "sendquota: line 2: missing field `recipient`\n";
+    assert_eq!(out.all(), (2, "", stderr));
+    assert!(queued_ids(&env).await.is_empty(), "nothing published");
+
+    let stdin = format!("{}\n{}\n{}\n", lines[0], lines[1], lines[2]);
+    let out = run(on(&env, &config), &["publish", "-"], Some(&stdin)).await;
+    assert_eq!(out.all(), (0, published.as_str(), ""));
+    assert_eq!(queued_ids(&env).await, ["p1", "p2", "p3"]);
+}
+
+#[tokio::test]
+async fn denials_lists_a_worker_denial_as_json_table_and_csv_with_filters() {
+    let mut env = TestEnv::new().await;
+    let config = classic();
+    let now = Utc::now().trunc_subsecs(0);
+    let clock = ManualClock::new(now);
+    env.start_worker(&clock);
+    env.publish(&request("first", "alice", "UTC")).await;
+    let mut seen = HashMap::new();
+    assert!(env.outcome("first", &mut seen).await);
+    env.publish(&request("second", "alice", "UTC")).await;
+    assert!(!env.outcome("second", &mut seen).await);
+    env.stop_worker().await;
+
+    let at = |t: chrono::DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::AutoSi, true);
+    let midnight = (now.date_naive() + Duration::days(1))
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc();
+    let denials = |args: &[&str]| {
+        let mut all = vec!["denials"];
+        all.extend(args);
+        run(on(&env, &config), &all, None)
+    };
+    let out = denials(&["--format", "json", "--recipient", "alice"]).await;
+    assert_eq!((out.code, out.stderr.as_str()), (0, ""));
+    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+    let row: Value = serde_json::from_str(&out.stdout).expect("a JSON line");
+    let reason = "at most 1 per local day and 3 per 7 local days";
+    // The stored message is the request as decoded: defaults (category, cost) filled in.
+    let mut stored = request("second", "alice", "UTC");
+    stored["category"] = json!("default");
+    stored["cost"] = json!(1);
+    assert!(row["id"].is_i64(), "{row}");
+    assert_eq!(
+        row,
+        json!({
+            "id": row["id"], "message_id": "second", "recipient": "alice", "channel": "sms",
+            "category": "default", "rule": "headline", "kind": "calendar_quota",
+            "reason": reason, "shadow": false, "denied_at": at(now),
+            "retry_after": at(midnight), "replayed_at": null, "replay_of": null,
+            "message": stored,
+        })
+    );
+
+    let out = denials(&["--format", "table"]).await;
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!((out.code, lines.len()), (0, 2), "{}", out.stdout);
+    assert!(lines[0].starts_with("id  "), "{}", lines[0]);
+    let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    let columns = "id denied_at recipient channel category rule kind retry_after replayed_at";
+    assert_eq!(words(lines[0]), words(columns));
+    let (id, denied_at, retry_after) = (row["id"].to_string(), at(now), at(midnight));
+    let cells = format!("{id} {denied_at} alice sms default headline calendar_quota {retry_after}");
+    assert_eq!(words(lines[1]), words(&cells));
+    let column = lines[0].find("retry_after");
+    assert_eq!(lines[1].find(&retry_after), column, "columns are aligned");
+
+    let out = denials(&["--format", "csv"]).await;
+    assert_eq!(out.code, 0);
+    assert_eq!(
+        out.stdout,
+        format!(
+            "id,denied_at,recipient,channel,category,rule,kind,retry_after,replayed_at,\
+             reason,message_id\n{id},{denied_at},alice,sms,default,headline,calendar_quota,\
+             {retry_after},,{reason},second\n"
+        )
+    );
+
+    let out = denials(&["--format", "json", "--recipient", "other"]).await;
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""));
+    let out = denials(&["--format", "json", "--since", "7d"]).await;
+    assert_eq!((out.code, out.stdout.lines().count()), (0, 1));
+    let out = denials(&["--since", "yesterday"]).await;
+    assert_eq!(out.code, 2);
+    assert_eq!(
+        out.stderr,
+        "sendquota: \"yesterday\" is neither an RFC3339 instant nor an age such as 7d, 36h, 90m or 30s\n"
+    );
+}
