@@ -68,6 +68,14 @@ pub enum Command {
     },
     /// List recorded denials, newest first.
     Denials(DenialArgs),
+    /// Publish denied messages again (each denial once, even with replays running at once).
+    Replay(ReplayArgs),
+    /// Drop the monthly denial partitions older than an age.
+    Prune {
+        /// Drop partitions whose whole month ended more than this long ago (e.g. 90d).
+        #[arg(long)]
+        older_than: String,
+    },
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
@@ -83,9 +91,9 @@ pub enum ConfigAction {
     Check,
 }
 
-/// Filters and format of `denials`.
+/// Filters shared by `denials` and `replay`.
 #[derive(Debug, clap::Args)]
-pub struct DenialArgs {
+pub struct FilterArgs {
     /// Only this recipient.
     #[arg(long)]
     recipient: Option<String>,
@@ -104,6 +112,33 @@ pub struct DenialArgs {
     /// Denied before: RFC3339, or an age such as 7d, 36h, 90m.
     #[arg(long)]
     until: Option<String>,
+}
+
+impl FilterArgs {
+    fn filter(self, now: DateTime<Utc>) -> Result<DenialFilter, CliError> {
+        Ok(DenialFilter {
+            recipient: self.recipient,
+            rule: self.rule,
+            channel: self.channel,
+            category: self.category,
+            since: self.since.map(|s| parse_since(&s, now)).transpose()?,
+            until: self.until.map(|s| parse_since(&s, now)).transpose()?,
+            ..DenialFilter::default()
+        })
+    }
+}
+
+/// Filters and format of `denials`.
+#[derive(Debug, clap::Args)]
+pub struct DenialArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Only shadow denials (true) or only real ones (false).
+    #[arg(long)]
+    shadow: Option<bool>,
+    /// Only replayed denials (true) or only unreplayed ones (false).
+    #[arg(long)]
+    replayed: Option<bool>,
     /// Continue after this denial id (the last id of the previous page).
     #[arg(long)]
     after: Option<i64>,
@@ -113,6 +148,29 @@ pub struct DenialArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
+}
+
+/// What `replay` takes.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Only denials whose retry_after has passed.
+    #[arg(long)]
+    due: bool,
+    /// List what would be replayed; publish and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// At most this many denials.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// At most this many publishes per second: `50/s`, `50`, `300/m`.
+    #[arg(long)]
+    rate: Option<String>,
+    /// Denials claimed per transaction. A crash republishes at most one batch (the quota
+    /// recognises those ids), so the default claims one at a time.
+    #[arg(long, default_value_t = 1)]
+    batch: i64,
 }
 
 /// Output formats of `denials`.
@@ -191,6 +249,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             commit,
         } => check(&settings, &message, at.as_deref(), commit).await,
         Command::Denials(args) => denials(&settings, args).await,
+        Command::Replay(args) => replay(&settings, args).await,
+        Command::Prune { older_than } => prune(&settings, &older_than).await,
         Command::Config {
             action: ConfigAction::Check,
         } => {
@@ -354,37 +414,141 @@ async fn publish(settings: &Settings, file: Option<PathBuf>) -> Result<(), CliEr
 }
 
 async fn denials(settings: &Settings, args: DenialArgs) -> Result<(), CliError> {
-    let now = Utc::now();
     if args.limit < 1 {
         return Err(CliError::Input("--limit must be at least 1".to_owned()));
     }
     let filter = DenialFilter {
-        recipient: args.recipient,
-        rule: args.rule,
-        channel: args.channel,
-        category: args.category,
-        since: args.since.map(|s| parse_since(&s, now)).transpose()?,
-        until: args.until.map(|s| parse_since(&s, now)).transpose()?,
+        shadow: args.shadow,
+        replayed: args.replayed,
         after: args.after,
         limit: args.limit,
-        ..DenialFilter::default()
+        ..args.filter.filter(Utc::now())?
     };
-    let store = DenialStore::connect(&settings.database)
-        .await
-        .map_err(|e| service("postgres")(&e))?;
+    let store = connect_store(settings).await?;
     let rows = store
         .list(&filter)
         .await
         .map_err(|e| service("postgres")(&e))?;
+    print_denials(&rows, args.format)
+}
+
+fn print_denials(rows: &[Denial], format: Format) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
-    let written = match args.format {
+    let written = match format {
         Format::Json => rows
             .iter()
             .try_for_each(|d| writeln!(out, "{}", denial_json(d))),
-        Format::Csv => write_csv(&mut out, &rows),
-        Format::Table => write_table(&mut out, &rows),
+        Format::Csv => write_csv(&mut out, rows),
+        Format::Table => write_table(&mut out, rows),
     };
     written.map_err(|e| CliError::Service(format!("writing output: {e}")))
+}
+
+async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {
+    DenialStore::connect(&settings.database)
+        .await
+        .map_err(|e| service("postgres")(&e))
+}
+
+async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
+    let now = Utc::now();
+    let rate = match args.rate.as_deref() {
+        Some(text) => Some(crate::replay::parse_rate(text).ok_or_else(|| {
+            CliError::Input(format!(
+                "--rate {text:?} is not a rate such as 50/s, 50 or 300/m"
+            ))
+        })?),
+        None => None,
+    };
+    if args.batch < 1 || args.limit == Some(0) {
+        return Err(CliError::Input(
+            "--batch and --limit must be at least 1".to_owned(),
+        ));
+    }
+    let filter = DenialFilter {
+        due_at: args.due.then_some(now),
+        ..args.filter.filter(now)?
+    };
+    let store = connect_store(settings).await?;
+    if args.dry_run {
+        let limit = args.limit.map_or(crate::denials::MAX_LIMIT, |l| l as i64);
+        let rows = store
+            .replayable(&filter, limit)
+            .await
+            .map_err(|e| service("postgres")(&e))?;
+        print_denials(&rows, Format::Table)?;
+        println!("dry run: would replay {} denials", rows.len());
+        return Ok(());
+    }
+    let names = Names::new(&settings.namespace);
+    let connection = broker::connect(&settings.amqp.url, "sendquota-replay")
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    let publisher = Publisher::open(&connection)
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    broker::declare(publisher.channel(), &names, settings.amqp.queue_type)
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    let bar = progress_bar(args.limit);
+    let options = crate::replay::ReplayOptions {
+        filter,
+        limit: args.limit,
+        rate,
+        batch: args.batch,
+    };
+    let result = crate::replay::replay(&store, &publisher, &names, &options, Utc::now, |n| {
+        bar.set_position(n as u64)
+    })
+    .await;
+    bar.finish_and_clear();
+    let _ = connection.close(200, "done".into()).await;
+    let report = result.map_err(|e| CliError::Service(e.to_string()))?;
+    let secs = report.elapsed.as_secs_f64();
+    println!(
+        "replayed {} denials in {secs:.2} s ({:.1}/s)",
+        report.replayed,
+        report.replayed as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+/// A progress bar on stderr when it is a terminal; hidden otherwise (cron, pipes).
+fn progress_bar(len: Option<usize>) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = match len {
+        Some(n) => indicatif::ProgressBar::new(n as u64),
+        None => indicatif::ProgressBar::no_length(),
+    };
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    bar
+}
+
+async fn prune(settings: &Settings, older_than: &str) -> Result<(), CliError> {
+    let now = Utc::now();
+    let cutoff = parse_since(older_than, now)?;
+    if cutoff > now {
+        return Err(CliError::Input(
+            "--older-than must be an age such as 90d".to_owned(),
+        ));
+    }
+    let store = connect_store(settings).await?;
+    let dropped = store
+        .prune(cutoff)
+        .await
+        .map_err(|e| service("postgres")(&e))?;
+    for name in &dropped {
+        println!("dropped {name}");
+    }
+    println!(
+        "pruned {} partitions older than {}",
+        dropped.len(),
+        rfc3339(cutoff)
+    );
+    Ok(())
 }
 
 /// A denial as one JSON object (the `--format json` line).

@@ -27,6 +27,7 @@ pub mod limiter;
 pub mod message;
 pub mod pipeline;
 pub mod policy;
+pub mod replay;
 pub mod sent;
 pub mod store;
 pub mod worker;

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use crate::config::DatabaseSettings;
 use crate::message::SendRequest;
 
-pub use query::DenialFilter;
+pub use query::{DenialFilter, MAX_LIMIT};
 
 /// SQLSTATE of an insert whose row falls in no partition (check_violation).
 const NO_PARTITION: &str = "23514";
