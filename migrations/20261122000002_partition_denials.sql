@@ -33,16 +33,16 @@ CREATE TABLE denials (
 
 ALTER SEQUENCE denials_id_seq OWNED BY denials.id;
 
+-- Queries list newest first by id (keyset pagination); a time range prunes whole partitions
+-- and is checked on the rows the index yields.
 -- The event lookup of the writer (and "every denial of this message").
 CREATE INDEX denials_event ON denials (message_id, rule);
 -- "Why did this person get no message?"
-CREATE INDEX denials_recipient_time ON denials (recipient, denied_at DESC, id DESC);
+CREATE INDEX denials_recipient ON denials (recipient, id DESC);
 -- "What is this rule refusing?"
-CREATE INDEX denials_rule_time ON denials (rule, denied_at DESC, id DESC);
--- "What can be replayed now?"
-CREATE INDEX denials_unreplayed ON denials (retry_after, id) WHERE replayed_at IS NULL AND NOT shadow;
--- Keyset pagination, newest first.
-CREATE INDEX denials_id ON denials (id DESC);
+CREATE INDEX denials_rule ON denials (rule, id DESC);
+-- "What can be replayed now?" (oldest first, due ones)
+CREATE INDEX denials_unreplayed ON denials (id) WHERE replayed_at IS NULL AND NOT shadow;
 
 -- Creates the partition holding `at`'s month if it does not exist; returns its name.
 CREATE FUNCTION denials_ensure_partition(at TIMESTAMPTZ) RETURNS TEXT
