@@ -1,6 +1,8 @@
 -- fixed_window.lua: at most LIMIT sends per window of WINDOW_MS that starts at the first send.
 --
--- KEYS: state hash {start = window start ms, count}; ids = admitted ids of the current window.
+-- KEYS: state hash {start = window start ms, count}; ids = admitted ids of the current window
+--       (emptied when a window starts, so membership alone means "admitted in this window": an
+--       id's score can be below start when it was admitted while the worker's clock lagged).
 -- ARGV (this rule's slice): LIMIT, WINDOW_MS.
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
 --        this one; retry_ms = when the window ends (the next send is allowed then).
@@ -15,8 +17,7 @@ KINDS.fixed_window = {
     local count = active and s.count or 0
     local left = limit - count
     if active then
-      local at = redis.call('ZSCORE', ids, ctx.id)
-      if at and tonumber(at) >= s.start then
+      if redis.call('ZSCORE', ids, ctx.id) then
         return {1, 1, math.max(left, 0), -1, 0}
       end
     end
@@ -47,7 +48,7 @@ KINDS.fixed_window = {
     local window = tonumber(args[2])
     local s = hash_numbers(key)
     local at = redis.call('ZSCORE', ids, ctx.id)
-    if at and s.start and tonumber(at) >= s.start and ctx.now < s.start + window then
+    if at and s.start and ctx.now < s.start + window then
       redis.call('HINCRBY', key, 'count', -1)
     end
     redis.call('ZREM', ids, ctx.id)

@@ -8,7 +8,8 @@
 --       the time a full bucket takes to drain.
 -- ARGV (this rule's slice): CAP, UNIT, LEAK.
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = whole sends that still fit
---        after this one; retry_ms = when enough has leaked for one more send.
+--        after this one; retry_ms = when enough has leaked for one more send (nothing leaks
+--        before `last`, so after the clock went back that is counted from `last`, not now).
 -- The seed's weak spot fixed: millisecond time, not whole seconds; a clock that goes back
 -- leaks nothing (elapsed time is clamped at zero and `last` never moves back).
 
@@ -22,14 +23,14 @@ end
 KINDS.leaky_bucket = {
   check = function(key, ids, args, ctx)
     local cap, unit, leak = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local level = leaky_level(key, leak, ctx.now)
+    local level, last = leaky_level(key, leak, ctx.now)
     if admitted_at(ids, ctx, ceil_div(cap, leak)) then
       return {1, 1, math.floor((cap - level) / unit), -1, 0}
     end
     if level + unit <= cap then
       return {1, 0, math.floor((cap - level - unit) / unit), -1, 0}
     end
-    return {0, 0, 0, ctx.now + ceil_div(level + unit - cap, leak), 0}
+    return {0, 0, 0, last + ceil_div(level + unit - cap, leak), 0}
   end,
 
   commit = function(key, ids, args, ctx)

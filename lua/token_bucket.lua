@@ -8,7 +8,8 @@
 -- ARGV (this rule's slice): CAP, UNIT, REFILL, COST (0 = use the message's cost).
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = whole tokens left after this
 --        send; retry_ms = when enough tokens will be there (-1 if the cost exceeds the
---        capacity: never).
+--        capacity: never; nothing refills before `last`, so after the clock went back that is
+--        counted from `last`, not now).
 -- The seed's weak spots fixed: millisecond time; fractional tokens compared with >=, not == 0;
 -- one hash, not two keys; a clock that goes back adds no tokens.
 
@@ -31,7 +32,7 @@ KINDS.token_bucket = {
   check = function(key, ids, args, ctx)
     local cap, unit, refill = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
     local need = token_cost(args, ctx)
-    local tokens = token_level(key, cap, refill, ctx.now)
+    local tokens, last = token_level(key, cap, refill, ctx.now)
     if admitted_at(ids, ctx, ceil_div(cap, refill)) then
       return {1, 1, math.floor(tokens / unit), -1, 0}
     end
@@ -41,7 +42,7 @@ KINDS.token_bucket = {
     if need > cap then
       return {0, 0, math.floor(tokens / unit), -1, 0}
     end
-    return {0, 0, math.floor(tokens / unit), ctx.now + ceil_div(need - tokens, refill), 0}
+    return {0, 0, math.floor(tokens / unit), last + ceil_div(need - tokens, refill), 0}
   end,
 
   commit = function(key, ids, args, ctx)

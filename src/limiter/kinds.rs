@@ -1,10 +1,10 @@
 //! Per-kind mapping between validated parameters and the scripts: the arguments each kind's
 //! Lua takes, and what its raw reply means (retry instant, remaining, reason).
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, NaiveTime, Utc};
 use chrono_tz::Tz;
 
-use super::calendar::{day_number, day_start, first_instant_from};
+use super::calendar::{day_number, day_start};
 use crate::policy::{human_ms, Kind, QuietHours, Storage};
 
 /// The kind's slice of ARGV for a decision at `now` in `zone`.
@@ -62,25 +62,35 @@ pub(super) fn args(kind: &Kind, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
     }
 }
 
-/// When the quiet period `now` falls in ends, or `None` when `now` is not quiet.
-pub fn quiet_until(q: &QuietHours, now: DateTime<Utc>, zone: Tz) -> Option<DateTime<Utc>> {
-    let local = now.with_timezone(&zone).naive_local();
-    let time = local.time();
-    let quiet = if q.start < q.end {
+/// Whether local wall time `time` falls in the quiet period.
+fn is_quiet(q: &QuietHours, time: NaiveTime) -> bool {
+    if q.start < q.end {
         q.start <= time && time < q.end
     } else {
         time >= q.start || time < q.end
-    };
-    if !quiet {
+    }
+}
+
+/// The longest a quiet period can last, wall-clock changes included.
+const MAX_QUIET_MINUTES: i64 = 48 * 60;
+
+/// When the quiet period `now` falls in ends, or `None` when `now` is not quiet.
+///
+/// The end is the first instant at or after `now` whose local time is outside the period: the
+/// local end time, or earlier when the clocks fall back out of the period, or later when a
+/// clock change skips the open time. Offsets and transitions fall on whole minutes in every
+/// zone's current rules, so whole UTC minutes are the only candidates.
+pub fn quiet_until(q: &QuietHours, now: DateTime<Utc>, zone: Tz) -> Option<DateTime<Utc>> {
+    let local_time = |t: DateTime<Utc>| t.with_timezone(&zone).time();
+    if !is_quiet(q, local_time(now)) {
         return None;
     }
-    let end_date = if time < q.end {
-        local.date()
-    } else {
-        local.date().succ_opt().unwrap_or(local.date())
-    };
-    // The first instant at or after the local end time; a clock change can skip it.
-    Some(first_instant_from(end_date.and_time(q.end), zone).unwrap_or(now + Duration::days(1)))
+    let minute = now.timestamp().div_euclid(60) * 60;
+    let first = DateTime::from_timestamp(minute, 0).unwrap_or(now) + Duration::minutes(1);
+    (0..MAX_QUIET_MINUTES)
+        .map(|m| first + Duration::minutes(m))
+        .find(|&t| !is_quiet(q, local_time(t)))
+        .or(Some(now + Duration::minutes(MAX_QUIET_MINUTES)))
 }
 
 /// The instant the script's raw retry value stands for (`None` for "now" or "never").
