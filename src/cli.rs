@@ -7,10 +7,9 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures_util::{StreamExt, TryStreamExt};
-use serde_json::json;
 
 use crate::broker::{self, Names, Publisher};
 use crate::clock::{Clock, ManualClock, SystemClock};
@@ -290,25 +289,7 @@ fn parse_instant(s: &str) -> Result<DateTime<Utc>, CliError> {
 
 /// An RFC3339 instant, or an age (`7d`, `36h`, `90m`, `30s`) counted back from `now`.
 pub fn parse_since(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError> {
-    let unit = s.chars().last().unwrap_or(' ');
-    let amount = s[..s.len() - unit.len_utf8().min(s.len())].parse::<i64>();
-    let age = match (amount, unit) {
-        (Ok(n), 'd') if n >= 0 => Duration::try_days(n),
-        (Ok(n), 'h') if n >= 0 => Duration::try_hours(n),
-        (Ok(n), 'm') if n >= 0 => Duration::try_minutes(n),
-        (Ok(n), 's') if n >= 0 => Duration::try_seconds(n),
-        _ => {
-            return DateTime::parse_from_rfc3339(s)
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|_| {
-                    CliError::Input(format!(
-                        "{s:?} is neither an RFC3339 instant nor an age such as 7d, 36h, 90m or 30s"
-                    ))
-                })
-        }
-    };
-    age.and_then(|a| now.checked_sub_signed(a))
-        .ok_or_else(|| CliError::Input(format!("{s:?} reaches too far back")))
+    crate::clock::parse_instant_or_age(s, now).map_err(CliError::Input)
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -334,26 +315,7 @@ async fn check(
         .evaluate(&settings.policy, &request, now, commit)
         .await
         .map_err(|e| service("redis")(&e))?;
-    let outcome = decision::decide(&evaluation.verdicts);
-    let rules: Vec<_> = evaluation
-        .verdicts
-        .iter()
-        .map(|v| {
-            json!({
-                "rule": v.rule,
-                "kind": v.kind,
-                "allowed": v.allowed,
-                "remaining": v.remaining,
-                "retry_after": v.retry_after.map(rfc3339),
-            })
-        })
-        .collect();
-    let out = json!({
-        "outcome": outcome.name(),
-        "rule": outcome.rule().map(|v| v.rule.clone()),
-        "retry_after": outcome.retry_after().map(rfc3339),
-        "rules": rules,
-    });
+    let out = decision::report(&evaluation.verdicts);
     println!("{out}");
     Ok(())
 }
@@ -437,7 +399,7 @@ fn print_denials(rows: &[Denial], format: Format) -> Result<(), CliError> {
     let written = match format {
         Format::Json => rows
             .iter()
-            .try_for_each(|d| writeln!(out, "{}", denial_json(d))),
+            .try_for_each(|d| writeln!(out, "{}", d.to_json())),
         Format::Csv => write_csv(&mut out, rows),
         Format::Table => write_table(&mut out, rows),
     };
@@ -549,26 +511,6 @@ async fn prune(settings: &Settings, older_than: &str) -> Result<(), CliError> {
         rfc3339(cutoff)
     );
     Ok(())
-}
-
-/// A denial as one JSON object (the `--format json` line).
-pub fn denial_json(d: &Denial) -> serde_json::Value {
-    json!({
-        "id": d.id,
-        "message_id": d.message_id,
-        "recipient": d.recipient,
-        "channel": d.channel,
-        "category": d.category,
-        "rule": d.rule,
-        "kind": d.kind,
-        "reason": d.reason,
-        "shadow": d.shadow,
-        "denied_at": rfc3339(d.denied_at),
-        "retry_after": d.retry_after.map(rfc3339),
-        "replayed_at": d.replayed_at.map(rfc3339),
-        "replay_of": d.replay_of,
-        "message": d.message,
-    })
 }
 
 const COLUMNS: [&str; 9] = [

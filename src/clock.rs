@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 
 /// A source of the current instant.
 pub trait Clock: Send + Sync + 'static {
@@ -46,4 +46,28 @@ impl Clock for ManualClock {
         DateTime::from_timestamp_millis(self.0.load(Ordering::SeqCst))
             .expect("a ManualClock only holds instants it was given")
     }
+}
+
+/// An RFC3339 instant, or an age (`7d`, `36h`, `90m`, `30s`) counted back from `now`: how
+/// operators write `--since`, `--until` and API filters.
+pub fn parse_instant_or_age(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    let unit = s.chars().last().unwrap_or(' ');
+    let amount = s[..s.len() - unit.len_utf8().min(s.len())].parse::<i64>();
+    let age = match (amount, unit) {
+        (Ok(n), 'd') if n >= 0 => Duration::try_days(n),
+        (Ok(n), 'h') if n >= 0 => Duration::try_hours(n),
+        (Ok(n), 'm') if n >= 0 => Duration::try_minutes(n),
+        (Ok(n), 's') if n >= 0 => Duration::try_seconds(n),
+        _ => {
+            return DateTime::parse_from_rfc3339(s)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|_| {
+                    format!(
+                        "{s:?} is neither an RFC3339 instant nor an age such as 7d, 36h, 90m or 30s"
+                    )
+                })
+        }
+    };
+    age.and_then(|a| now.checked_sub_signed(a))
+        .ok_or_else(|| format!("{s:?} reaches too far back"))
 }

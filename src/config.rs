@@ -66,8 +66,56 @@ pub struct Settings {
     pub database: DatabaseSettings,
     /// Worker behaviour.
     pub worker: WorkerSettings,
+    /// The admin HTTP API.
+    pub admin: AdminSettings,
     /// The validated rules.
     pub policy: Policy,
+}
+
+/// The admin HTTP API served by the worker.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminSettings {
+    /// Address to listen on (`host:port`); empty disables the API.
+    pub listen: String,
+    /// Bearer tokens accepted on the `/v1` routes; the name is what audits record.
+    pub tokens: Vec<AdminToken>,
+}
+
+/// One bearer token of the admin API.
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminToken {
+    /// Who holds the token; recorded in the quota reset audit.
+    pub name: String,
+    /// The secret itself; never printed.
+    #[serde(serialize_with = "redacted")]
+    pub token: String,
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminToken")
+            .field("name", &self.name)
+            .field("token", &"***")
+            .finish()
+    }
+}
+
+fn redacted<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("***")
+}
+
+/// Shortest admin token accepted: long enough that guessing is hopeless.
+const MIN_TOKEN_CHARS: usize = 16;
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        AdminSettings {
+            listen: "127.0.0.1:9090".to_owned(),
+            tokens: Vec::new(),
+        }
+    }
 }
 
 /// Redis connection settings.
@@ -197,6 +245,8 @@ struct File {
     #[serde(default)]
     worker: WorkerSettings,
     #[serde(default)]
+    admin: AdminSettings,
+    #[serde(default)]
     rules: Vec<RawRule>,
 }
 
@@ -256,6 +306,16 @@ impl Settings {
         if let Some(url) = env("SENDQUOTA_DATABASE_URL") {
             file.database.url = url;
         }
+        if let Some(listen) = env("SENDQUOTA_ADMIN_LISTEN") {
+            file.admin.listen = listen;
+        }
+        if let Some(token) = env("SENDQUOTA_ADMIN_TOKEN") {
+            file.admin.tokens.push(AdminToken {
+                name: "env".to_owned(),
+                token,
+            });
+        }
+        check_admin(&file.admin)?;
         let namespace = env("SENDQUOTA_NAMESPACE")
             .or(file.namespace)
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
@@ -284,9 +344,35 @@ impl Settings {
             amqp: file.amqp,
             database: file.database,
             worker: file.worker,
+            admin: file.admin,
             policy,
         })
     }
+}
+
+fn check_admin(admin: &AdminSettings) -> Result<(), ConfigError> {
+    if !admin.listen.is_empty() && admin.listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(ConfigError::Invalid(format!(
+            "admin.listen \"{}\" is not an address such as 127.0.0.1:9090",
+            admin.listen
+        )));
+    }
+    let mut names = std::collections::HashSet::new();
+    for t in &admin.tokens {
+        if t.name.is_empty() || !names.insert(t.name.as_str()) {
+            return Err(ConfigError::Invalid(format!(
+                "admin token names must be non-empty and unique (\"{}\")",
+                t.name
+            )));
+        }
+        if t.token.chars().count() < MIN_TOKEN_CHARS {
+            return Err(ConfigError::Invalid(format!(
+                "admin token \"{}\" is shorter than {MIN_TOKEN_CHARS} characters",
+                t.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Parses every connection URL without connecting, so a malformed one is a configuration error
@@ -329,6 +415,7 @@ impl Settings {
             amqp: AmqpSettings,
             database: DatabaseSettings,
             worker: &'a WorkerSettings,
+            admin: &'a AdminSettings,
             rules: &'a [crate::policy::Rule],
         }
         let mut redis = self.redis.clone();
@@ -345,6 +432,7 @@ impl Settings {
             amqp,
             database,
             worker: &self.worker,
+            admin: &self.admin,
             rules: &self.policy.rules,
         };
         toml::to_string(&effective).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))

@@ -81,6 +81,42 @@ pub fn decide(verdicts: &[Verdict]) -> Outcome {
     }
 }
 
+impl OutcomeName {
+    /// The name as printed and used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeName::Allow => "allow",
+            OutcomeName::Deny => "deny",
+            OutcomeName::Delay => "delay",
+            OutcomeName::Shadow => "shadow",
+        }
+    }
+}
+
+/// Every rule's verdict and the outcome, as `check` and `POST /v1/check` print them.
+pub fn report(verdicts: &[Verdict]) -> serde_json::Value {
+    let rfc3339 = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+    let outcome = decide(verdicts);
+    let rules: Vec<_> = verdicts
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "rule": v.rule,
+                "kind": v.kind,
+                "allowed": v.allowed,
+                "remaining": v.remaining,
+                "retry_after": v.retry_after.map(rfc3339),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "outcome": outcome.name(),
+        "rule": outcome.rule().map(|v| v.rule.clone()),
+        "retry_after": outcome.retry_after().map(rfc3339),
+        "rules": rules,
+    })
+}
+
 impl Outcome {
     /// The name printed for this outcome.
     pub fn name(&self) -> OutcomeName {

@@ -17,6 +17,7 @@
 //! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice),
 //! `denials` (the Postgres history operators query), `cli` (the `sendquota` command).
 
+pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod clock;
@@ -30,4 +31,5 @@ pub mod policy;
 pub mod replay;
 pub mod sent;
 pub mod store;
+pub mod telemetry;
 pub mod worker;

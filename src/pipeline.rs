@@ -6,6 +6,7 @@
 //! part of it is idempotent by message id, so a retry never consumes quota twice.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
@@ -18,6 +19,7 @@ use crate::limiter::{Limiter, LimiterError, Verdict};
 use crate::message::SendRequest;
 use crate::policy::Policy;
 use crate::sent::SentMarks;
+use crate::telemetry;
 use crate::worker::Failpoint;
 
 /// What happened to a message.
@@ -105,16 +107,26 @@ impl Pipeline {
             }
         };
         if self.sent.is_sent(&message.id).await? {
+            metrics::counter!(telemetry::DECISIONS, "outcome" => "duplicate").increment(1);
             return Ok(Handled::Duplicate);
         }
         let now = self.clock.now();
         let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
             .and_then(|v| v.parse::<i64>().ok());
+        let started = Instant::now();
         let evaluation = self
             .limiter
             .evaluate(&self.policy, &message, now, true)
             .await?;
-        match decision::decide(&evaluation.verdicts) {
+        metrics::histogram!(telemetry::DECISION_SECONDS).record(started.elapsed().as_secs_f64());
+        for v in &evaluation.verdicts {
+            let verdict = if v.allowed { "allow" } else { "deny" };
+            metrics::counter!(telemetry::RULE_VERDICTS, "rule" => v.rule.clone(), "verdict" => verdict)
+                .increment(1);
+        }
+        let outcome = decision::decide(&evaluation.verdicts);
+        metrics::counter!(telemetry::DECISIONS, "outcome" => outcome.name().as_str()).increment(1);
+        match outcome {
             Outcome::Allow { shadow_refusals } => {
                 for verdict in &shadow_refusals {
                     self.record(&message, verdict, true, verdict.retry_after, now, replay_of)
@@ -125,9 +137,12 @@ impl Pipeline {
                     std::future::pending::<()>().await;
                 }
                 let props = broker::json_properties(Some(&message.id), &[]);
+                let started = Instant::now();
                 publisher
                     .publish(&self.names.dispatch, &message.channel, body, props)
                     .await?;
+                metrics::histogram!(telemetry::DISPATCH_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
                 self.sent.mark(&message.id).await?;
                 Ok(Handled::Dispatched {
                     shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
@@ -146,6 +161,7 @@ impl Pipeline {
                 }
                 let props = broker::json_properties(Some(&message.id), &headers);
                 publisher.publish("", &queue, body, props).await?;
+                metrics::counter!(telemetry::DELAYED).increment(1);
                 Ok(Handled::Delayed { until })
             }
         }
@@ -160,6 +176,7 @@ impl Pipeline {
         now: DateTime<Utc>,
         replay_of: Option<i64>,
     ) -> Result<(), DenialError> {
+        let started = Instant::now();
         self.denials
             .insert(&NewDenial {
                 message,
@@ -172,6 +189,8 @@ impl Pipeline {
                 replay_of,
             })
             .await?;
+        metrics::histogram!(telemetry::DENIAL_WRITE_SECONDS)
+            .record(started.elapsed().as_secs_f64());
         Ok(())
     }
 }

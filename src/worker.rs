@@ -17,6 +17,7 @@ use lapin::types::FieldTable;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, warn};
 
+use crate::admin::{self, AdminState, Health};
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -25,6 +26,7 @@ use crate::limiter::Limiter;
 use crate::pipeline::{HandleError, Handled, Pipeline};
 use crate::sent::SentMarks;
 use crate::store::RedisConn;
+use crate::telemetry;
 
 /// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
 const SKEW_WARNING_MS: i64 = 1_000;
@@ -38,6 +40,9 @@ pub enum WorkerError {
     /// Postgres could not be reached at start-up.
     #[error(transparent)]
     Denials(#[from] DenialError),
+    /// The admin API could not listen.
+    #[error("admin API: {0}")]
+    Admin(std::io::Error),
 }
 
 /// A deliberate stop inside the pipeline, for crash tests: the worker hangs right after Redis
@@ -57,11 +62,38 @@ pub async fn run(
     failpoint: Option<Failpoint>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
+    telemetry::prometheus();
     let redis = RedisConn::connect(&settings.redis).await?;
     let denials = DenialStore::connect(&settings.database).await?;
     report_skew(&redis, clock.as_ref()).await;
+    let policy = Arc::new(settings.policy.clone());
+    let health = Arc::new(Health::default());
+    let (stop_tx, stop) = watch::channel(false);
+    if !settings.admin.listen.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&settings.admin.listen)
+            .await
+            .map_err(WorkerError::Admin)?;
+        info!(address = %listener.local_addr().map_err(WorkerError::Admin)?, "admin API listening");
+        let state = AdminState {
+            policy: policy.clone(),
+            limiter: Limiter::new(redis.clone(), &settings.namespace),
+            denials: denials.clone(),
+            clock: clock.clone(),
+            health: health.clone(),
+            tokens: Arc::new(settings.admin.tokens.clone()),
+        };
+        let mut admin_stop = stop.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = admin_stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = admin::serve(listener, state, stopped).await {
+                error!(error = %e, "admin API stopped");
+            }
+        });
+    }
     let pipeline = Arc::new(Pipeline {
-        policy: Arc::new(settings.policy.clone()),
+        policy,
         limiter: Limiter::new(redis.clone(), &settings.namespace),
         sent: SentMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials,
@@ -70,14 +102,15 @@ pub async fn run(
         max_body_bytes: settings.worker.max_body_bytes,
         failpoint,
     });
-    let (stop_tx, stop) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
     let mut backoff = Backoff::new(&settings.worker);
     loop {
-        match session(settings, &pipeline, stop.clone()).await {
+        let ended = session(settings, &pipeline, &health, stop.clone()).await;
+        health.set_consuming(false);
+        match ended {
             Ok(()) => return Ok(()),
             Err(e) => {
                 let wait = backoff.next();
@@ -94,6 +127,7 @@ pub async fn run(
 async fn session(
     settings: &Settings,
     pipeline: &Arc<Pipeline>,
+    health: &Health,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), BrokerError> {
     let connection = broker::connect(&settings.amqp.url, "sendquota-worker").await?;
@@ -117,12 +151,16 @@ async fn session(
         )
         .await?;
     info!(queue = %pipeline.names.requests, "consuming");
+    health.set_consuming(true);
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
     let result = loop {
         tokio::select! {
             _ = stop.changed() => break Ok(()),
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
+                    if delivery.redelivered {
+                        metrics::counter!(telemetry::REDELIVERIES).increment(1);
+                    }
                     let Ok(slot) = slots.clone().acquire_owned().await else { break Ok(()) };
                     let task = Task {
                         pipeline: pipeline.clone(),
@@ -264,6 +302,7 @@ async fn report_skew(redis: &RedisConn, clock: &dyn Clock) {
     match reply {
         Ok((secs, micros)) => {
             let skew = clock.now().timestamp_millis() - (secs * 1000 + micros / 1000);
+            metrics::gauge!(telemetry::CLOCK_SKEW_MS).set(skew as f64);
             if skew.abs() > SKEW_WARNING_MS {
                 warn!(skew_ms = skew, "worker clock differs from Redis TIME");
             } else {

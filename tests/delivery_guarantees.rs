@@ -99,6 +99,7 @@ fn spawn_worker_binary(env: &TestEnv, config: &std::path::Path, failpoint: bool)
         .env("SENDQUOTA_AMQP_URL", support::amqp_url())
         .env("SENDQUOTA_DATABASE_URL", &env.database_url)
         .env("SENDQUOTA_LOG", "warn")
+        .env("SENDQUOTA_ADMIN_LISTEN", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if failpoint {

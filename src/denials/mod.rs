@@ -97,6 +97,29 @@ pub struct Denial {
     pub message: serde_json::Value,
 }
 
+impl Denial {
+    /// The denial as one JSON object: a `denials --format json` line, an API list item.
+    pub fn to_json(&self) -> serde_json::Value {
+        let rfc3339 = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        serde_json::json!({
+            "id": self.id,
+            "message_id": self.message_id,
+            "recipient": self.recipient,
+            "channel": self.channel,
+            "category": self.category,
+            "rule": self.rule,
+            "kind": self.kind,
+            "reason": self.reason,
+            "shadow": self.shadow,
+            "denied_at": rfc3339(self.denied_at),
+            "retry_after": self.retry_after.map(rfc3339),
+            "replayed_at": self.replayed_at.map(rfc3339),
+            "replay_of": self.replay_of,
+            "message": self.message,
+        })
+    }
+}
+
 /// Handle on the denials table.
 #[derive(Debug, Clone)]
 pub struct DenialStore {
@@ -250,6 +273,29 @@ impl DenialStore {
             }
         }
         Ok(dropped)
+    }
+
+    /// Records a quota reset for audit.
+    pub async fn record_reset(
+        &self,
+        recipient: &str,
+        actor: &str,
+        rules: &[String],
+        keys_removed: i64,
+        at: DateTime<Utc>,
+    ) -> Result<(), DenialError> {
+        sqlx::query(
+            "INSERT INTO quota_resets (recipient, actor, rules, keys_removed, reset_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(recipient)
+        .bind(actor)
+        .bind(rules)
+        .bind(keys_removed as i32)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// The pool, for tools that run their own statements.

@@ -161,6 +161,76 @@ impl Limiter {
         })
     }
 
+    /// Every recipient-scope rule's usage for `recipient` at `now`, consuming nothing: what a
+    /// new message (of `channel` and `category`, when given, else any) would meet.
+    pub async fn peek(
+        &self,
+        policy: &Policy,
+        recipient: &str,
+        zone: Option<Tz>,
+        channel: Option<&str>,
+        category: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Verdict>, LimiterError> {
+        let probe = SendRequest {
+            // Control characters are refused in real ids, so this id was never admitted.
+            id: "\u{0}peek".to_owned(),
+            recipient: recipient.to_owned(),
+            channel: channel.unwrap_or("*").to_owned(),
+            category: category.unwrap_or("*").to_owned(),
+            timezone: zone,
+            cost: 1,
+            payload: serde_json::Value::Null,
+        };
+        let rules = policy
+            .rules
+            .iter()
+            .filter(|r| r.scope == Scope::Recipient)
+            .filter(|r| {
+                channel.is_none_or(|c| {
+                    r.matcher.channels.is_empty() || r.matcher.channels.iter().any(|x| x == c)
+                })
+            })
+            .filter(|r| {
+                category.is_none_or(|c| {
+                    r.matcher.categories.is_empty() || r.matcher.categories.iter().any(|x| x == c)
+                })
+            })
+            .map(|r| Rule {
+                matcher: Default::default(),
+                ..r.clone()
+            })
+            .collect();
+        let view = Policy {
+            default_zone: policy.default_zone,
+            rules,
+        };
+        Ok(self.evaluate(&view, &probe, now, false).await?.verdicts)
+    }
+
+    /// Deletes `recipient`'s state for every recipient-scope rule (both keys of each rule, in
+    /// one command: they share the recipient's hash tag). Returns the rules and how many keys
+    /// existed.
+    pub async fn reset(
+        &self,
+        policy: &Policy,
+        recipient: &str,
+    ) -> Result<(Vec<String>, i64), LimiterError> {
+        let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(recipient));
+        let mut names = Vec::new();
+        let mut cmd = redis::cmd("DEL");
+        for rule in policy.rules.iter().filter(|r| r.scope == Scope::Recipient) {
+            let key = keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name());
+            cmd.arg(format!("{key}:ids")).arg(key);
+            names.push(rule.name.clone());
+        }
+        if names.is_empty() {
+            return Ok((names, 0));
+        }
+        let removed: i64 = cmd.query_async(&mut self.conn.clone()).await?;
+        Ok((names, removed))
+    }
+
     /// Groups rules by scope (recipient first: it refuses most often, so later scopes are
     /// rarely committed and refunded) and builds each scope's script arguments.
     fn scope_calls<'r>(

@@ -160,6 +160,8 @@ impl TestEnv {
         settings.worker.retry_initial_ms = 20;
         settings.worker.retry_max_ms = 500;
         settings.worker.shutdown_timeout_ms = 2_000;
+        // Tests that use the admin API pick a free port themselves.
+        settings.admin.listen = String::new();
         let redis = RedisConn::connect(&settings.redis)
             .await
             .unwrap_or_else(|e| {

@@ -1,0 +1,352 @@
+//! The admin HTTP API the worker serves: health, readiness, metrics, and under `/v1` (bearer
+//! token required) the denial history, quota peek and reset, and dry-run checks.
+//!
+//! The routes are listed once, in [`ROUTES`]; the router is built from the same handlers and
+//! a test checks `openapi.json` against that list, so the document cannot drift.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use serde::Deserialize;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+use crate::clock::{parse_instant_or_age, Clock};
+use crate::config::AdminToken;
+use crate::decision;
+use crate::denials::{DenialFilter, DenialStore};
+use crate::limiter::Limiter;
+use crate::message::SendRequest;
+use crate::policy::Policy;
+use crate::telemetry;
+
+/// Every route: method and path, as in `openapi.json`.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+    ("get", "/v1/denials"),
+    ("post", "/v1/check"),
+    ("get", "/v1/recipients/{id}/quota"),
+    ("delete", "/v1/recipients/{id}/quota"),
+];
+
+/// The OpenAPI document, served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// How long readiness waits for each service.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether the worker's consumer is running; readiness reports it.
+#[derive(Debug, Default)]
+pub struct Health {
+    consuming: AtomicBool,
+}
+
+impl Health {
+    /// Records whether deliveries are being taken.
+    pub fn set_consuming(&self, on: bool) {
+        self.consuming.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether deliveries are being taken.
+    pub fn consuming(&self) -> bool {
+        self.consuming.load(Ordering::SeqCst)
+    }
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The rules.
+    pub policy: Arc<Policy>,
+    /// Quota state.
+    pub limiter: Limiter,
+    /// The denial history and audit.
+    pub denials: DenialStore,
+    /// The worker's clock.
+    pub clock: Arc<dyn Clock>,
+    /// The consumer's state.
+    pub health: Arc<Health>,
+    /// Accepted bearer tokens.
+    pub tokens: Arc<Vec<AdminToken>>,
+}
+
+/// Who made a `/v1` request (the token's name).
+#[derive(Clone)]
+struct Actor(String);
+
+/// The router with every route of [`ROUTES`].
+pub fn router(state: AdminState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/denials", get(denials))
+        .route("/v1/check", post(check))
+        .route(
+            "/v1/recipients/{id}/quota",
+            get(peek_quota).delete(reset_quota),
+        )
+        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .merge(v1)
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+async fn authenticate(
+    State(state): State<AdminState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compare against every token, in constant time, without stopping at a match.
+    let mut actor = None;
+    for t in state.tokens.iter() {
+        if bool::from(t.token.as_bytes().ct_eq(presented.as_bytes())) {
+            actor = Some(t.name.clone());
+        }
+    }
+    match actor {
+        Some(name) => {
+            request.extensions_mut().insert(Actor(name));
+            next.run(request).await
+        }
+        None => {
+            let mut response = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+    }
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    let mut conn = state.limiter.conn().clone();
+    let redis = tokio::time::timeout(PING_TIMEOUT, async {
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .is_ok()
+    })
+    .await
+    .unwrap_or(false);
+    let postgres = tokio::time::timeout(PING_TIMEOUT, state.denials.ping())
+        .await
+        .is_ok_and(|r| r.is_ok());
+    let consuming = state.health.consuming();
+    let ready = redis && postgres && consuming;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "ready": ready, "redis": redis, "postgres": postgres, "consuming": consuming,
+    });
+    (status, Json(body)).into_response()
+}
+
+async fn metrics() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        telemetry::prometheus().render(),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// Query of `GET /v1/denials`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DenialQuery {
+    recipient: Option<String>,
+    rule: Option<String>,
+    channel: Option<String>,
+    category: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    shadow: Option<bool>,
+    replayed: Option<bool>,
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+async fn denials(
+    State(state): State<AdminState>,
+    query: Result<Query<DenialQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let now = Utc::now();
+    let instant = |s: Option<String>| s.map(|s| parse_instant_or_age(&s, now)).transpose();
+    let (since, until) = match (instant(q.since), instant(q.until)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=crate::denials::MAX_LIMIT).contains(&limit) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit must be 1 to {}", crate::denials::MAX_LIMIT),
+        );
+    }
+    let filter = DenialFilter {
+        recipient: q.recipient,
+        rule: q.rule,
+        channel: q.channel,
+        category: q.category,
+        since,
+        until,
+        shadow: q.shadow,
+        replayed: q.replayed,
+        due_at: None,
+        after: q.after,
+        limit,
+    };
+    match state.denials.list(&filter).await {
+        Ok(rows) => {
+            let next_after = (rows.len() as i64 == limit)
+                .then(|| rows.last().map(|d| d.id))
+                .flatten();
+            let denials: Vec<_> = rows.iter().map(|d| d.to_json()).collect();
+            Json(json!({ "denials": denials, "next_after": next_after })).into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Query of `POST /v1/check`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckQuery {
+    at: Option<DateTime<Utc>>,
+}
+
+async fn check(
+    State(state): State<AdminState>,
+    query: Result<Query<CheckQuery>, axum::extract::rejection::QueryRejection>,
+    body: Bytes,
+) -> Response {
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let message = match SendRequest::decode(&body, crate::message::DEFAULT_MAX_BODY_BYTES) {
+        Ok(m) => m,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid message: {e}")),
+    };
+    let at = q.at.unwrap_or_else(|| state.clock.now());
+    match state
+        .limiter
+        .evaluate(&state.policy, &message, at, false)
+        .await
+    {
+        Ok(evaluation) => Json(decision::report(&evaluation.verdicts)).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Query of `GET /v1/recipients/{id}/quota`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeekQuery {
+    timezone: Option<String>,
+    channel: Option<String>,
+    category: Option<String>,
+    at: Option<DateTime<Utc>>,
+}
+
+async fn peek_quota(
+    State(state): State<AdminState>,
+    Path(recipient): Path<String>,
+    query: Result<Query<PeekQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let zone = match q.timezone.as_deref().map(str::parse::<Tz>).transpose() {
+        Ok(z) => z,
+        Err(_) => return error(StatusCode::BAD_REQUEST, "unknown time zone"),
+    };
+    let at = q.at.unwrap_or_else(|| state.clock.now());
+    let peek = state.limiter.peek(
+        &state.policy,
+        &recipient,
+        zone,
+        q.channel.as_deref(),
+        q.category.as_deref(),
+        at,
+    );
+    match peek.await {
+        Ok(verdicts) => {
+            let report = decision::report(&verdicts);
+            Json(json!({ "recipient": recipient, "at": at, "rules": report["rules"] }))
+                .into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn reset_quota(
+    State(state): State<AdminState>,
+    Extension(Actor(actor)): Extension<Actor>,
+    Path(recipient): Path<String>,
+) -> Response {
+    let (rules, removed) = match state.limiter.reset(&state.policy, &recipient).await {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let at = state.clock.now();
+    if let Err(e) = state
+        .denials
+        .record_reset(&recipient, &actor, &rules, removed, at)
+        .await
+    {
+        return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+    }
+    Json(json!({
+        "recipient": recipient, "rules": rules, "keys_removed": removed, "actor": actor,
+        "reset_at": at,
+    }))
+    .into_response()
+}

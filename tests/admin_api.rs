@@ -1,0 +1,318 @@
+//! The admin HTTP API served by the real worker: every route end to end, 401s, pagination,
+//! quota peek and audited reset, and the OpenAPI document matching the routes.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use sendquota::clock::ManualClock;
+use serde_json::Value;
+use support::{local, request, TestEnv};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection.
+async fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> Reply {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the admin API");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send request");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read response");
+    let text = String::from_utf8(raw).expect("utf-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers and body");
+    let status = head[9..12].parse().expect("status code");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Reply {
+        status,
+        headers: head.to_owned(),
+        body,
+    }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = &rest[n + 2..];
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A worker with the admin API on a free port and one token, ready.
+async fn admin_env() -> (TestEnv, ManualClock, u16) {
+    let mut env = TestEnv::new().await;
+    let port = free_port();
+    env.settings.admin.listen = format!("127.0.0.1:{port}");
+    env.settings.admin.tokens = vec![sendquota::config::AdminToken {
+        name: "ops-alice".to_owned(),
+        token: TOKEN.to_owned(),
+    }];
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Ok(_)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(("127.0.0.1", port)),
+        )
+        .await
+        {
+            if http(port, "GET", "/readyz", None, "").await.status == 200 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the admin API became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (env, clock, port)
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_need_no_token_and_report_the_worker() {
+    let (env, _clock, port) = admin_env().await;
+    let health = http(port, "GET", "/healthz", None, "").await;
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let ready = http(port, "GET", "/readyz", None, "").await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(
+        ready.json(),
+        serde_json::json!({"ready": true, "redis": true, "postgres": true, "consuming": true})
+    );
+    let mut seen = HashMap::new();
+    env.publish(&request("m1", "alice", "UTC")).await;
+    assert!(env.outcome("m1", &mut seen).await);
+    env.publish(&request("m2", "alice", "UTC")).await;
+    assert!(!env.outcome("m2", &mut seen).await);
+    let metrics = http(port, "GET", "/metrics", None, "").await;
+    assert_eq!(metrics.status, 200);
+    for needle in [
+        "sendquota_decisions_total{outcome=\"allow\"}",
+        "sendquota_decisions_total{outcome=\"deny\"}",
+        "sendquota_rule_verdicts_total{rule=\"headline\",verdict=\"deny\"}",
+        "sendquota_decision_seconds_bucket",
+        "sendquota_dispatch_seconds_bucket",
+        "sendquota_denial_write_seconds_bucket",
+        "sendquota_clock_skew_ms",
+    ] {
+        assert!(
+            metrics.body.contains(needle),
+            "no {needle} in\n{}",
+            metrics.body
+        );
+    }
+}
+
+#[tokio::test]
+async fn v1_routes_refuse_a_missing_or_wrong_token_with_401() {
+    let (_env, _clock, port) = admin_env().await;
+    let routes = [
+        ("GET", "/v1/denials"),
+        ("POST", "/v1/check"),
+        ("GET", "/v1/recipients/alice/quota"),
+        ("DELETE", "/v1/recipients/alice/quota"),
+    ];
+    for (method, path) in routes {
+        for token in [
+            None,
+            Some("wrong-token-0123456789"),
+            Some(&TOKEN[..TOKEN.len() - 1]),
+        ] {
+            let reply = http(port, method, path, token, "{}").await;
+            assert_eq!(reply.status, 401, "{method} {path} with {token:?}");
+            assert!(reply
+                .headers
+                .to_ascii_lowercase()
+                .contains("www-authenticate: bearer"));
+            assert_eq!(reply.json()["error"], "missing or wrong bearer token");
+        }
+    }
+}
+
+#[tokio::test]
+async fn denials_page_through_with_no_duplicates_and_no_gaps() {
+    let (env, clock, port) = admin_env().await;
+    let mut seen = HashMap::new();
+    // 23 recipients, two messages each on one day: 23 denials.
+    for r in 0..23 {
+        for m in 0..2 {
+            let id = format!("m{m}-{r}");
+            env.publish(&request(&id, &format!("user-{r}"), "UTC"))
+                .await;
+            env.outcome(&id, &mut seen).await;
+        }
+    }
+    let _ = clock;
+    let mut ids = Vec::new();
+    let mut after: Option<i64> = None;
+    let mut pages = 0;
+    loop {
+        let path = match after {
+            Some(a) => format!("/v1/denials?limit=10&after={a}"),
+            None => "/v1/denials?limit=10".to_owned(),
+        };
+        let page = http(port, "GET", &path, Some(TOKEN), "").await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let page = page.json();
+        pages += 1;
+        for d in page["denials"].as_array().expect("denials") {
+            ids.push(d["id"].as_i64().expect("id"));
+        }
+        match page["next_after"].as_i64() {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    let all: Vec<i64> = env.denials().await.iter().rev().map(|d| d.id).collect();
+    assert_eq!(ids, all, "every denial once, newest first");
+    let unique: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), 23);
+    let filtered = http(port, "GET", "/v1/denials?recipient=user-7", Some(TOKEN), "").await;
+    let rows = filtered.json()["denials"]
+        .as_array()
+        .expect("denials")
+        .clone();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["message_id"], "m1-7");
+    let bad = http(port, "GET", "/v1/denials?since=yesterday", Some(TOKEN), "").await;
+    assert_eq!(bad.status, 400);
+}
+
+#[tokio::test]
+async fn check_explains_every_rule_and_consumes_nothing() {
+    let (env, _clock, port) = admin_env().await;
+    let body = request("probe", "carol", "UTC").to_string();
+    for _ in 0..2 {
+        let reply = http(
+            port,
+            "POST",
+            "/v1/check?at=2026-04-01T10:00:00Z",
+            Some(TOKEN),
+            &body,
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(
+            reply.json(),
+            serde_json::json!({"outcome": "allow", "rule": null, "retry_after": null, "rules": [
+                {"rule": "headline", "kind": "calendar_quota", "allowed": true, "remaining": 0,
+                 "retry_after": null}]})
+        );
+    }
+    assert!(env.keys().await.is_empty(), "a dry run writes nothing");
+    let invalid = http(port, "POST", "/v1/check", Some(TOKEN), "{\"id\":1}").await;
+    assert_eq!(invalid.status, 400);
+}
+
+#[tokio::test]
+async fn quota_peek_shows_usage_and_reset_frees_it_with_an_audit_row() {
+    let (env, _clock, port) = admin_env().await;
+    let mut seen = HashMap::new();
+    env.publish(&request("m1", "dave", "UTC")).await;
+    assert!(env.outcome("m1", &mut seen).await);
+    let peek = http(port, "GET", "/v1/recipients/dave/quota", Some(TOKEN), "").await;
+    assert_eq!(peek.status, 200, "{}", peek.body);
+    let peek = peek.json();
+    assert_eq!(peek["recipient"], "dave");
+    assert_eq!(
+        peek["rules"],
+        serde_json::json!([{"rule": "headline", "kind": "calendar_quota", "allowed": false,
+            "remaining": 0, "retry_after": "2026-04-02T00:00:00Z"}])
+    );
+    let reset = http(port, "DELETE", "/v1/recipients/dave/quota", Some(TOKEN), "").await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    let reset = reset.json();
+    assert_eq!(reset["rules"], serde_json::json!(["headline"]));
+    assert_eq!(reset["keys_removed"], 1);
+    assert_eq!(reset["actor"], "ops-alice");
+    let audit: (String, String, i32) =
+        sqlx::query_as("SELECT recipient, actor, keys_removed FROM quota_resets")
+            .fetch_one(&env.pool)
+            .await
+            .expect("one audit row");
+    assert_eq!(audit, ("dave".to_owned(), "ops-alice".to_owned(), 1));
+    env.publish(&request("m2", "dave", "UTC")).await;
+    assert!(
+        env.outcome("m2", &mut seen).await,
+        "after the reset dave can be sent to again"
+    );
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_exactly_the_routes_that_exist() {
+    let (_env, _clock, port) = admin_env().await;
+    let doc: Value = serde_json::from_str(sendquota::admin::OPENAPI).expect("OpenAPI is JSON");
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in ["get", "post", "put", "delete", "patch"] {
+            if item.get(method).is_some() {
+                documented.insert((method.to_owned(), path.clone()));
+            }
+        }
+    }
+    let routed: BTreeSet<(String, String)> = sendquota::admin::ROUTES
+        .iter()
+        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+        .collect();
+    assert_eq!(
+        documented, routed,
+        "openapi.json and the router list the same routes"
+    );
+    for (method, path) in &routed {
+        let concrete = path.replace("{id}", "someone");
+        let reply = http(port, &method.to_uppercase(), &concrete, Some(TOKEN), "{}").await;
+        assert!(
+            reply.status != 404 && reply.status != 405,
+            "{method} {path} answered {}",
+            reply.status
+        );
+    }
+    let served = http(port, "GET", "/openapi.json", None, "").await;
+    assert_eq!(served.json(), doc);
+    let missing = http(port, "GET", "/v1/nothing", Some(TOKEN), "").await;
+    assert_eq!(missing.status, 404);
+}
