@@ -1,7 +1,9 @@
 //! Replaying denied messages: publish each original request again, exactly once per denial,
 //! safely from cron.
 //!
-//! Rows are claimed in batches with `FOR UPDATE SKIP LOCKED`, published (publisher-confirmed,
+//! A run replays the denials that existed when it started (never the new denials its own
+//! replays cause, so a run cannot feed itself). Rows are claimed in batches with
+//! `FOR UPDATE SKIP LOCKED`, published (publisher-confirmed,
 //! same message id, a header naming the denial), then marked replayed in the same transaction.
 //! Two replays running at once claim disjoint rows. A crash between publish and commit rolls the
 //! marks back, so those messages are published again by the next run; the quota recognises their
@@ -10,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::denials::{DenialError, DenialFilter, DenialStore};
@@ -32,6 +35,8 @@ pub struct ReplayOptions {
 pub struct ReplayReport {
     /// Denials published again and marked replayed.
     pub replayed: usize,
+    /// Transactions that claimed rows (batches).
+    pub claims: usize,
     /// Time taken.
     pub elapsed: Duration,
 }
@@ -59,16 +64,24 @@ pub async fn replay(
     let started = Instant::now();
     let limit = options.limit.unwrap_or(usize::MAX);
     let mut replayed = 0usize;
+    let up_to = store.last_id().await?;
+    let mut cursor = 0i64;
+    let mut claims = 0usize;
     while replayed < limit {
-        let batch = options.batch.min((limit - replayed) as i64);
-        let claim = store.claim(&options.filter, batch).await?;
-        if claim.rows().is_empty() {
+        let batch =
+            i64::try_from(limit - replayed).map_or(options.batch, |left| options.batch.min(left));
+        let claim = store.claim(&options.filter, batch, cursor, up_to).await?;
+        let Some(last) = claim.rows().last() else {
             break;
-        }
-        let mut ids = Vec::with_capacity(claim.rows().len());
-        for denial in claim.rows() {
+        };
+        cursor = last.id;
+        claims += 1;
+        // Publish the batch concurrently (paced by the rate), then wait for every confirm:
+        // only confirmed rows are marked.
+        let mut confirms = FuturesUnordered::new();
+        for (i, denial) in claim.rows().iter().enumerate() {
             if let Some(rate) = options.rate {
-                let due = started + Duration::from_secs_f64(replayed as f64 / rate);
+                let due = started + Duration::from_secs_f64((replayed + i) as f64 / rate);
                 tokio::time::sleep_until(due.into()).await;
             }
             let body = serde_json::to_vec(&denial.message).unwrap_or_default();
@@ -76,17 +89,25 @@ pub async fn replay(
                 Some(&denial.message_id),
                 &[(broker::REPLAY_OF_HEADER, denial.id.to_string())],
             );
-            publisher
-                .publish(&names.requests, "", &body, properties)
-                .await?;
-            ids.push(denial.id);
+            confirms.push(async move {
+                publisher
+                    .publish(&names.requests, "", &body, properties)
+                    .await
+                    .map(|()| denial.id)
+            });
+        }
+        let mut ids = Vec::with_capacity(claim.rows().len());
+        while let Some(confirmed) = confirms.next().await {
+            ids.push(confirmed?);
             replayed += 1;
             progress(replayed);
         }
+        drop(confirms);
         claim.finish(&ids, now()).await?;
     }
     Ok(ReplayReport {
         replayed,
+        claims,
         elapsed: started.elapsed(),
     })
 }

@@ -49,7 +49,7 @@ fn unit(path: &str) -> HashMap<String, HashMap<String, Vec<String>>> {
     sections
 }
 
-fn container<'v>(spec: &'v Value) -> &'v Value {
+fn container(spec: &Value) -> &Value {
     &spec["containers"][0]
 }
 

@@ -183,6 +183,43 @@ async fn two_replays_started_together_publish_each_denial_once() {
 }
 
 #[tokio::test]
+async fn a_replay_claims_whole_batches_and_stops_at_the_limit() {
+    let env = TestEnv::new().await;
+    seed_denials(&env, 120).await;
+    let store = DenialStore::from_pool(env.pool.clone());
+    let all = replay(
+        &store,
+        &env.publisher,
+        &env.names,
+        &ReplayOptions {
+            limit: Some(110),
+            ..options(50)
+        },
+        chrono::Utc::now,
+        |_| {},
+    )
+    .await
+    .expect("replay");
+    assert_eq!(
+        (all.replayed, all.claims),
+        (110, 3),
+        "batches of 50, 50 and 10"
+    );
+    let rest = replay(
+        &store,
+        &env.publisher,
+        &env.names,
+        &options(50),
+        chrono::Utc::now,
+        |_| {},
+    )
+    .await
+    .expect("replay");
+    assert_eq!((rest.replayed, rest.claims), (10, 1));
+    assert_eq!(replayed_denial_ids(&env).await.len(), 120);
+}
+
+#[tokio::test]
 async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
     let env = TestEnv::new().await;
     seed_denials(&env, 3).await;

@@ -216,16 +216,37 @@ impl DenialStore {
             .await?)
     }
 
-    /// Claims up to `batch` unreplayed, non-shadow denials matching `filter`, oldest first,
-    /// skipping rows another replay holds. The rows stay locked until the claim is finished
-    /// (marked replayed, committed) or dropped (rolled back, to be replayed again later).
-    pub async fn claim(&self, filter: &DenialFilter, batch: i64) -> Result<Claim, DenialError> {
+    /// The highest denial id so far (0 when there is none): a replay run replays only what
+    /// existed when it started, never the denials its own replays produce.
+    pub async fn last_id(&self) -> Result<i64, DenialError> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT max(id) FROM denials")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(id.unwrap_or(0))
+    }
+
+    /// Claims up to `batch` unreplayed, non-shadow denials matching `filter` with an id in
+    /// `after_id + 1 ..= up_to`, oldest first, skipping rows another replay holds. The rows stay locked until
+    /// the claim is finished (marked replayed, committed) or dropped (rolled back, to be
+    /// replayed again later). Passing the last claimed id keeps each claim from walking past
+    /// rows this run already replayed.
+    pub async fn claim(
+        &self,
+        filter: &DenialFilter,
+        batch: i64,
+        after_id: i64,
+        up_to: i64,
+    ) -> Result<Claim, DenialError> {
         let mut tx = self.pool.begin().await?;
         let mut q = sqlx::QueryBuilder::new(format!(
             "SELECT {} FROM denials WHERE replayed_at IS NULL AND NOT shadow",
             query::COLUMNS
         ));
         filter.push_conditions(&mut q);
+        q.push(" AND id > ")
+            .push_bind(after_id)
+            .push(" AND id <= ")
+            .push_bind(up_to);
         q.push(" ORDER BY id LIMIT ")
             .push_bind(batch.max(1))
             .push(" FOR UPDATE SKIP LOCKED");

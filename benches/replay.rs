@@ -1,0 +1,76 @@
+//! Replay throughput: N generated denials published again through `sendquota::replay`, with
+//! one row per transaction (the default: a crash republishes at most one) and in batches.
+//!
+//! `cargo bench --bench replay -- [--denials N]`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use sendquota::denials::{DenialFilter, DenialStore};
+use sendquota::replay::{replay, ReplayOptions};
+use support::TestEnv;
+
+fn denials_flag() -> i64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--denials")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse().unwrap_or_else(|_| {
+                eprintln!("--denials takes a whole number");
+                std::process::exit(2)
+            })
+        })
+        .unwrap_or(5_000)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = denials_flag();
+    println!("{n} denials per run, local Postgres and RabbitMQ (classic queue)");
+    for batch in [1i64, 100] {
+        let env = TestEnv::new().await;
+        sqlx::query("SELECT denials_ensure_partition(now())")
+            .execute(&env.pool)
+            .await
+            .expect("partition");
+        sqlx::query(
+            "INSERT INTO denials (message_id, recipient, channel, category, rule, kind, reason, \
+             message, denied_at) SELECT 'm' || g, 'r' || g, 'sms', 'default', 'headline', \
+             'calendar_quota', 'generated', jsonb_build_object('id', 'm' || g, 'recipient', \
+             'r' || g, 'channel', 'sms'), now() FROM generate_series(1, $1) g",
+        )
+        .bind(n)
+        .execute(&env.pool)
+        .await
+        .expect("generate denials");
+        let store = DenialStore::from_pool(env.pool.clone());
+        let options = ReplayOptions {
+            filter: DenialFilter::default(),
+            limit: None,
+            rate: None,
+            batch,
+        };
+        let step = (n as usize / 10).max(1);
+        let report = replay(
+            &store,
+            &env.publisher,
+            &env.names,
+            &options,
+            chrono::Utc::now,
+            |done| {
+                if done % step == 0 {
+                    eprintln!("batch {batch}: {done}/{n}");
+                }
+            },
+        )
+        .await
+        .expect("replay");
+        println!(
+            "batch {batch:>3}: replayed {} in {:.2} s: {:.0} denials/s",
+            report.replayed,
+            report.elapsed.as_secs_f64(),
+            report.replayed as f64 / report.elapsed.as_secs_f64()
+        );
+    }
+}
