@@ -34,6 +34,11 @@ pub const DELAY_TIERS_MS: [i64; 8] = [
     1_000, 5_000, 30_000, 120_000, 600_000, 3_600_000, 21_600_000, 86_400_000,
 ];
 
+/// Longest wait for the broker to accept a connection, a declaration or a publish confirm:
+/// past it the operation is treated as failed and retried, so a stuck broker cannot stall a
+/// message forever.
+pub const BROKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Broker failures: the message must be retried.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -53,6 +58,15 @@ pub enum BrokerError {
         exchange: String,
         /// The routing key.
         routing_key: String,
+    },
+    /// The broker did not answer within [`BROKER_TIMEOUT`].
+    #[error("rabbitmq did not answer within {BROKER_TIMEOUT:?} ({0})")]
+    Timeout(&'static str),
+    /// The consumer received nothing for a watchdog interval while messages were waiting.
+    #[error("consumer stalled: {ready} messages ready but none delivered; restarting it")]
+    Stalled {
+        /// Messages waiting in the requests queue.
+        ready: u32,
     },
     /// A name does not fit in AMQP's 255-byte short string.
     #[error("name too long for AMQP: {0:?}")]
@@ -91,7 +105,10 @@ impl Names {
 /// Opens a connection named after the process role.
 pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect(url, properties).await?)
+    tokio::time::timeout(BROKER_TIMEOUT, Connection::connect(url, properties))
+        .await
+        .map_err(|_| BrokerError::Timeout("connect"))?
+        .map_err(BrokerError::from)
 }
 
 fn short(s: &str) -> Result<ShortString, BrokerError> {
@@ -214,20 +231,25 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
-        let confirmation = self
-            .channel
-            .basic_publish(
-                short(exchange)?,
-                short(routing_key)?,
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                body,
-                properties.with_delivery_mode(2),
-            )
-            .await?
-            .await?;
+        let publish = async {
+            self.channel
+                .basic_publish(
+                    short(exchange)?,
+                    short(routing_key)?,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    body,
+                    properties.with_delivery_mode(2),
+                )
+                .await?
+                .await
+                .map_err(BrokerError::from)
+        };
+        let confirmation = tokio::time::timeout(BROKER_TIMEOUT, publish)
+            .await
+            .map_err(|_| BrokerError::Timeout("publish confirm"))??;
         match confirmation {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
             Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable {

@@ -222,6 +222,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             };
             let failpoint = match std::env::var("SENDQUOTA_FAILPOINT").ok().as_deref() {
                 Some("hang-after-admit") => Some(Failpoint::HangAfterAdmit),
+                Some("stall-consumer-once") => Some(Failpoint::StallConsumerOnce),
                 Some(other) => {
                     return Err(CliError::Input(format!(
                         "unknown SENDQUOTA_FAILPOINT {other:?}"

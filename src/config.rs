@@ -185,6 +185,9 @@ pub struct WorkerSettings {
     /// On SIGTERM or SIGINT, how long in-flight messages may take to finish, in milliseconds;
     /// messages still unacked after that return to the queue.
     pub shutdown_timeout_ms: u64,
+    /// How often the watchdog checks that the consumer still receives deliveries while the
+    /// requests queue holds messages, in milliseconds.
+    pub watchdog_interval_ms: u64,
 }
 
 impl Default for RedisSettings {
@@ -227,6 +230,7 @@ impl Default for WorkerSettings {
             retry_initial_ms: 100,
             retry_max_ms: 10_000,
             shutdown_timeout_ms: 30_000,
+            watchdog_interval_ms: 30_000,
         }
     }
 }
@@ -328,6 +332,11 @@ impl Settings {
         if w.concurrency == 0 || file.amqp.prefetch == 0 {
             return Err(ConfigError::Invalid(
                 "worker.concurrency and amqp.prefetch must be at least 1".to_owned(),
+            ));
+        }
+        if w.watchdog_interval_ms < 100 {
+            return Err(ConfigError::Invalid(
+                "worker.watchdog_interval_ms must be at least 100".to_owned(),
             ));
         }
         if w.retry_initial_ms == 0 || w.retry_max_ms < w.retry_initial_ms {

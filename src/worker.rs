@@ -53,6 +53,9 @@ pub enum WorkerError {
 pub enum Failpoint {
     /// Hang forever after the limiter committed an allowed message.
     HangAfterAdmit,
+    /// The first broker session stops taking deliveries without any error, as a consumer
+    /// that silently died would; the watchdog must notice and restart the session.
+    StallConsumerOnce,
 }
 
 /// Runs the worker until `shutdown` completes, then drains in-flight messages.
@@ -107,8 +110,16 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let mut backoff = Backoff::new(&settings.worker);
+    let mut stall = failpoint == Some(Failpoint::StallConsumerOnce);
     loop {
-        let ended = session(settings, &pipeline, &health, stop.clone()).await;
+        let ended = session(
+            settings,
+            &pipeline,
+            &health,
+            std::mem::take(&mut stall),
+            stop.clone(),
+        )
+        .await;
         health.set_consuming(false);
         match ended {
             Ok(()) => return Ok(()),
@@ -128,6 +139,7 @@ async fn session(
     settings: &Settings,
     pipeline: &Arc<Pipeline>,
     health: &Health,
+    stall: bool,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), BrokerError> {
     let connection = broker::connect(&settings.amqp.url, "sendquota-worker").await?;
@@ -153,11 +165,36 @@ async fn session(
     info!(queue = %pipeline.names.requests, "consuming");
     health.set_consuming(true);
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
+    let mut watchdog =
+        tokio::time::interval(Duration::from_millis(settings.worker.watchdog_interval_ms));
+    watchdog.tick().await;
+    let mut delivered = false;
     let result = loop {
         tokio::select! {
             _ = stop.changed() => break Ok(()),
-            next = consumer.next() => match next {
+            _ = watchdog.tick() => {
+                // Idle is fine when the queue is empty or every slot is busy; idle with free
+                // slots and ready messages means the consumer stopped without telling us. (A
+                // stalled consumer holding all waiting messages within its prefetch shows no
+                // ready ones; its backlog is noticed as soon as more arrive.)
+                if !delivered && slots.available_permits() > 0 {
+                    let ready = channel
+                        .queue_declare(
+                            pipeline.names.requests.as_str().into(),
+                            lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+                            FieldTable::default(),
+                        )
+                        .await?
+                        .message_count();
+                    if ready > 0 {
+                        break Err(BrokerError::Stalled { ready });
+                    }
+                }
+                delivered = false;
+            }
+            next = consumer.next(), if !stall => match next {
                 Some(Ok(delivery)) => {
+                    delivered = true;
                     if delivery.redelivered {
                         metrics::counter!(telemetry::REDELIVERIES).increment(1);
                     }

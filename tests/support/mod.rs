@@ -229,11 +229,20 @@ impl TestEnv {
 
     /// Starts the worker in this process with `clock`.
     pub fn start_worker(&mut self, clock: &ManualClock) {
+        self.start_worker_with(clock, None);
+    }
+
+    /// Starts the worker with a failpoint armed.
+    pub fn start_worker_with(
+        &mut self,
+        clock: &ManualClock,
+        failpoint: Option<sendquota::worker::Failpoint>,
+    ) {
         let (stop, stopped) = oneshot::channel::<()>();
         let settings = self.settings.clone();
         let clock = Arc::new(clock.clone());
         self.worker_task = Some(tokio::spawn(async move {
-            sendquota::worker::run(&settings, clock, None, async {
+            sendquota::worker::run(&settings, clock, failpoint, async {
                 let _ = stopped.await;
             })
             .await
