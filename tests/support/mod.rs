@@ -4,6 +4,8 @@
 //! starts it.
 #![allow(dead_code)]
 
+pub mod private;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

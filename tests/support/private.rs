@@ -1,0 +1,271 @@
+//! Private Redis, PostgreSQL and RabbitMQ servers on free ports, owned by one test: started,
+//! restarted and stopped at will (the shared services are never touched), removed on drop.
+//! Each fails with the way to install the server when its binary is missing.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where Debian installs the PostgreSQL server binaries.
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(super::unique(name));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| {
+        panic!("{what}: cannot run: {e}; install the server with deploy/local/services.sh")
+    });
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn wait_for_port(port: u16, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not listen on {port} within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn chown(dir: &PathBuf, user: &str) {
+    run(
+        Command::new("chown")
+            .args(["-R", &format!("{user}:{user}")])
+            .arg(dir),
+        "chown",
+    );
+}
+
+/// A private redis-server with an fsync-always append-only file, so a restart keeps every
+/// acknowledged write (as a quota store in production should).
+pub struct PrivateRedis {
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl PrivateRedis {
+    pub fn start() -> PrivateRedis {
+        let redis = PrivateRedis {
+            port: free_port(),
+            dir: scratch("sqredis"),
+        };
+        redis.launch();
+        redis
+    }
+
+    fn launch(&self) {
+        run(
+            Command::new("redis-server")
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                ])
+                .args(["--daemonize", "yes", "--dir"])
+                .arg(&self.dir)
+                .arg("--logfile")
+                .arg(self.dir.join("redis.log")),
+            "redis-server",
+        );
+        wait_for_port(self.port, Duration::from_secs(10), "redis-server");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (it writes its append-only file) and starts it again.
+    pub fn restart(&self) {
+        let _ = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "shutdown"])
+            .output();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            assert!(Instant::now() < deadline, "redis did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.launch();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "shutdown", "nosave"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private PostgreSQL cluster (initdb as the postgres user, which the server requires).
+pub struct PrivatePostgres {
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl PrivatePostgres {
+    pub fn start() -> PrivatePostgres {
+        let pg = PrivatePostgres {
+            port: free_port(),
+            dir: scratch("sqpg"),
+        };
+        chown(&pg.dir, "postgres");
+        run(
+            Command::new("runuser")
+                .args(["-u", "postgres", "--", &format!("{PG_BIN}/initdb")])
+                .arg("-D")
+                .arg(pg.dir.join("data"))
+                .args(["-A", "trust", "-U", "postgres", "--no-sync"]),
+            "initdb",
+        );
+        pg.ctl("start");
+        pg
+    }
+
+    fn ctl(&self, action: &str) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.dir.display()
+        );
+        run(
+            Command::new("runuser")
+                .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", "fast", "-w", "-o", &options, "-l"])
+                .arg(self.dir.join("postgres.log"))
+                .arg(action),
+            "pg_ctl",
+        );
+        wait_for_port(self.port, Duration::from_secs(20), "postgres");
+    }
+
+    /// The URL of database `name`.
+    pub fn url(&self, name: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// A fast shutdown (open connections are cut) and a start.
+    pub fn restart(&self) {
+        self.ctl("restart");
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private RabbitMQ node with its own name, ports, config, data and logs, in a directory
+/// owned by the rabbitmq user (the server script switches to it when started as root).
+pub struct PrivateRabbit {
+    pub port: u16,
+    dist_port: u16,
+    node: String,
+    dir: PathBuf,
+}
+
+impl PrivateRabbit {
+    pub fn start() -> PrivateRabbit {
+        let dir = scratch("sqrmq");
+        let port = free_port();
+        let rabbit = PrivateRabbit {
+            port,
+            dist_port: free_port(),
+            node: format!(
+                "{}@localhost",
+                dir.file_name().and_then(|n| n.to_str()).unwrap_or("sqrmq")
+            ),
+            dir,
+        };
+        std::fs::create_dir_all(rabbit.dir.join("mnesia")).expect("mnesia dir");
+        std::fs::create_dir_all(rabbit.dir.join("log")).expect("log dir");
+        std::fs::write(rabbit.dir.join("enabled_plugins"), "[].").expect("plugins file");
+        std::fs::write(
+            rabbit.dir.join("rabbitmq.conf"),
+            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+        )
+        .expect("rabbitmq.conf");
+        chown(&rabbit.dir, "rabbitmq");
+        rabbit.launch();
+        rabbit
+    }
+
+    fn launch(&self) {
+        let d = &self.dir;
+        run(
+            Command::new("rabbitmq-server")
+                .arg("-detached")
+                .current_dir(d)
+                .env("RABBITMQ_NODENAME", &self.node)
+                .env("RABBITMQ_NODE_PORT", self.port.to_string())
+                .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+                .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
+                .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
+                .env("RABBITMQ_LOG_BASE", d.join("log"))
+                .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
+                .env("RABBITMQ_PID_FILE", d.join("pid")),
+            "rabbitmq-server",
+        );
+        wait_for_port(self.port, Duration::from_secs(60), "rabbitmq");
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    fn stop(&self) {
+        let _ = Command::new("rabbitmqctl")
+            .args(["-n", &self.node, "stop"])
+            .output();
+    }
+
+    /// Stops the node (durable queues and persistent messages survive) and starts it again.
+    pub fn restart(&self) {
+        self.stop();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            assert!(Instant::now() < deadline, "rabbitmq did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.launch();
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
