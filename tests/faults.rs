@@ -53,7 +53,7 @@ impl World {
 }
 
 fn body(i: usize) -> String {
-    let zone = if i % INVALID_EVERY == 0 {
+    let zone = if i.is_multiple_of(INVALID_EVERY) {
         "Nowhere/Atlantis"
     } else {
         "UTC"
