@@ -178,14 +178,16 @@ async fn session(
                 // stalled consumer holding all waiting messages within its prefetch shows no
                 // ready ones; its backlog is noticed as soon as more arrive.)
                 if !delivered && slots.available_permits() > 0 {
-                    let ready = channel
-                        .queue_declare(
-                            pipeline.names.requests.as_str().into(),
-                            lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
-                            FieldTable::default(),
-                        )
-                        .await?
-                        .message_count();
+                    let declare = channel.queue_declare(
+                        pipeline.names.requests.as_str().into(),
+                        lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+                        FieldTable::default(),
+                    );
+                    let ready = match tokio::time::timeout(broker::BROKER_TIMEOUT, declare).await {
+                        Ok(Ok(queue)) => queue.message_count(),
+                        Ok(Err(e)) => break Err(e.into()),
+                        Err(_) => break Err(BrokerError::Timeout("watchdog check")),
+                    };
                     if ready > 0 {
                         break Err(BrokerError::Stalled { ready });
                     }
@@ -225,7 +227,11 @@ async fn session(
     if drained.is_err() {
         warn!("in-flight messages did not finish in time; they return to the queue unacked");
     }
-    let _ = connection.close(200, "worker stopping".into()).await;
+    let _ = tokio::time::timeout(
+        broker::BROKER_TIMEOUT,
+        connection.close(200, "worker stopping".into()),
+    )
+    .await;
     result
 }
 
@@ -250,10 +256,12 @@ impl Task {
             match handled {
                 Ok(handled) => {
                     log_handled(&delivery, &handled);
-                    match delivery.ack(BasicAckOptions::default()).await {
-                        Ok(true) => {}
-                        Ok(false) => warn!("ack dropped: channel gone; the broker redelivers"),
-                        Err(e) => warn!(error = %e, "ack failed; the broker redelivers"),
+                    let ack = delivery.ack(BasicAckOptions::default());
+                    match tokio::time::timeout(broker::BROKER_TIMEOUT, ack).await {
+                        Ok(Ok(true)) => {}
+                        Ok(Ok(false)) => warn!("ack dropped: channel gone; the broker redelivers"),
+                        Ok(Err(e)) => warn!(error = %e, "ack failed; the broker redelivers"),
+                        Err(_) => warn!("ack timed out; the broker redelivers"),
                     }
                     return;
                 }
@@ -267,7 +275,9 @@ impl Task {
                             requeue: true,
                             multiple: false,
                         };
-                        let _ = delivery.nack(requeue).await;
+                        let _ =
+                            tokio::time::timeout(broker::BROKER_TIMEOUT, delivery.nack(requeue))
+                                .await;
                         return;
                     }
                 }
