@@ -185,6 +185,10 @@ pub struct WorkerSettings {
     /// On SIGTERM or SIGINT, how long in-flight messages may take to finish, in milliseconds;
     /// messages still unacked after that return to the queue.
     pub shutdown_timeout_ms: u64,
+    /// Largest number of denials written in one transaction.
+    pub denial_batch_size: usize,
+    /// Longest a denial waits for its batch to fill, in milliseconds.
+    pub denial_batch_wait_ms: u64,
     /// How often the watchdog checks that the consumer still receives deliveries while the
     /// requests queue holds messages, in milliseconds.
     pub watchdog_interval_ms: u64,
@@ -231,6 +235,8 @@ impl Default for WorkerSettings {
             retry_max_ms: 10_000,
             shutdown_timeout_ms: 30_000,
             watchdog_interval_ms: 30_000,
+            denial_batch_size: 500,
+            denial_batch_wait_ms: 3,
         }
     }
 }

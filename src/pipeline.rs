@@ -14,7 +14,7 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::decision::{self, Outcome};
-use crate::denials::{DenialError, DenialStore, NewDenial};
+use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::limiter::{Limiter, LimiterError, Verdict};
 use crate::message::SendRequest;
 use crate::policy::Policy;
@@ -74,8 +74,8 @@ pub struct Pipeline {
     pub limiter: Limiter,
     /// Dispatch marks in Redis.
     pub sent: SentMarks,
-    /// The denial history.
-    pub denials: DenialStore,
+    /// The denial history, written in batches.
+    pub denials: DenialWriter,
     /// The worker's clock.
     pub clock: Arc<dyn Clock>,
     /// Exchange and queue names.
@@ -178,7 +178,7 @@ impl Pipeline {
     ) -> Result<(), DenialError> {
         let started = Instant::now();
         self.denials
-            .insert(&NewDenial {
+            .write(DenialRow::from(&NewDenial {
                 message,
                 rule: &verdict.rule,
                 kind: verdict.kind,
@@ -187,7 +187,7 @@ impl Pipeline {
                 retry_after,
                 denied_at: now,
                 replay_of,
-            })
+            }))
             .await?;
         metrics::histogram!(telemetry::DENIAL_WRITE_SECONDS)
             .record(started.elapsed().as_secs_f64());

@@ -21,7 +21,7 @@ use crate::admin::{self, AdminState, Health};
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::config::Settings;
-use crate::denials::{DenialError, DenialStore};
+use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::limiter::Limiter;
 use crate::pipeline::{HandleError, Handled, Pipeline};
 use crate::sent::SentMarks;
@@ -99,7 +99,11 @@ pub async fn run(
         policy,
         limiter: Limiter::new(redis.clone(), &settings.namespace),
         sent: SentMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
-        denials,
+        denials: DenialWriter::spawn(
+            denials,
+            settings.worker.denial_batch_size,
+            Duration::from_millis(settings.worker.denial_batch_wait_ms),
+        ),
         clock,
         names: Names::new(&settings.namespace),
         max_body_bytes: settings.worker.max_body_bytes,

@@ -167,3 +167,48 @@ async fn prune_drops_whole_partitions_older_than_the_age_and_keeps_the_rest() {
         assert!(stdout.contains(&format!("dropped {name}\n")), "{stdout}");
     }
 }
+
+#[tokio::test]
+async fn a_batch_records_each_event_once_even_when_it_holds_the_event_twice() {
+    use sendquota::denials::DenialRow;
+    let env = TestEnv::new().await;
+    let store = DenialStore::from_pool(env.pool.clone());
+    let row = |id: &str, rule: &str, replay_of: Option<i64>| DenialRow {
+        message_id: id.to_owned(),
+        recipient: "alice".to_owned(),
+        channel: "sms".to_owned(),
+        category: "default".to_owned(),
+        rule: rule.to_owned(),
+        kind: "calendar_quota".to_owned(),
+        reason: "test".to_owned(),
+        shadow: false,
+        retry_after: None,
+        message: serde_json::json!({ "id": id }),
+        denied_at: Utc::now(),
+        replay_of,
+    };
+    let first = store
+        .insert_batch(&[
+            row("m1", "a", None),
+            row("m1", "a", None),
+            row("m1", "b", None),
+            row("m1", "a", Some(7)),
+        ])
+        .await
+        .expect("batch");
+    assert_eq!(first, [true, false, true, true]);
+    let again = store
+        .insert_batch(&[row("m1", "a", None), row("m2", "a", None)])
+        .await
+        .expect("batch");
+    assert_eq!(
+        again,
+        [false, true],
+        "a redelivery in a later batch is recognised"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM denials")
+        .fetch_one(&env.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 4);
+}

@@ -4,6 +4,7 @@
 //! event index makes the write idempotent, so a redelivered message adds no second row.
 
 mod query;
+mod writer;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use crate::config::DatabaseSettings;
 use crate::message::SendRequest;
 
 pub use query::{DenialFilter, MAX_LIMIT};
+pub use writer::DenialWriter;
 
 /// SQLSTATE of an insert whose row falls in no partition (check_violation).
 const NO_PARTITION: &str = "23514";
@@ -41,6 +43,12 @@ pub enum DenialError {
     /// Migrations could not be applied.
     #[error("postgres migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The batch this denial was in failed (the message is retried).
+    #[error("postgres (batched write): {0}")]
+    Batch(String),
+    /// The batching task is gone (the worker is stopping).
+    #[error("the denial writer stopped")]
+    WriterStopped,
 }
 
 /// A denial about to be recorded.
@@ -62,6 +70,55 @@ pub struct NewDenial<'a> {
     pub denied_at: DateTime<Utc>,
     /// The denial a replayed message came from, if it is a replay.
     pub replay_of: Option<i64>,
+}
+
+/// A denial ready to be written, owning its fields (it may wait in a batch).
+#[derive(Debug, Clone)]
+pub struct DenialRow {
+    /// The producer's message id.
+    pub message_id: String,
+    /// The recipient.
+    pub recipient: String,
+    /// The channel.
+    pub channel: String,
+    /// The category.
+    pub category: String,
+    /// The refusing rule.
+    pub rule: String,
+    /// Its kind.
+    pub kind: String,
+    /// Why it refused.
+    pub reason: String,
+    /// Whether the rule is in shadow mode.
+    pub shadow: bool,
+    /// When the message could be sent.
+    pub retry_after: Option<DateTime<Utc>>,
+    /// The request, defaults filled in.
+    pub message: serde_json::Value,
+    /// The decision instant.
+    pub denied_at: DateTime<Utc>,
+    /// The denial a replayed message came from.
+    pub replay_of: Option<i64>,
+}
+
+impl From<&NewDenial<'_>> for DenialRow {
+    fn from(d: &NewDenial<'_>) -> DenialRow {
+        let m = d.message;
+        DenialRow {
+            message_id: m.id.clone(),
+            recipient: m.recipient.clone(),
+            channel: m.channel.clone(),
+            category: m.category.clone(),
+            rule: d.rule.to_owned(),
+            kind: d.kind.to_owned(),
+            reason: d.reason.clone(),
+            shadow: d.shadow,
+            retry_after: d.retry_after,
+            message: m.to_json(),
+            denied_at: d.denied_at,
+            replay_of: d.replay_of,
+        }
+    }
 }
 
 /// A recorded denial, as operators see it.
@@ -156,55 +213,96 @@ impl DenialStore {
     }
 
     /// Records a denial; returns false when the same event (message, rule, replay) was
-    /// already recorded, as when a denied message is delivered again. Creates the month's
-    /// partition when it is the first denial of that month.
+    /// already recorded, as when a denied message is delivered again.
     pub async fn insert(&self, d: &NewDenial<'_>) -> Result<bool, DenialError> {
-        match self.try_insert(d).await {
+        let recorded = self.insert_batch(&[DenialRow::from(d)]).await?;
+        Ok(recorded.first().copied().unwrap_or(false))
+    }
+
+    /// Records many denials in one transaction; for each row, whether it was new (false when
+    /// the same event was recorded before, or earlier in this batch). Creates the partitions
+    /// of months that have none yet.
+    pub async fn insert_batch(&self, rows: &[DenialRow]) -> Result<Vec<bool>, DenialError> {
+        match self.try_insert_batch(rows).await {
             Err(DenialError::Database(sqlx::Error::Database(e)))
                 if e.code().as_deref() == Some(NO_PARTITION) =>
             {
-                sqlx::query("SELECT denials_ensure_partition($1)")
-                    .bind(d.denied_at)
-                    .execute(&self.pool)
-                    .await?;
-                self.try_insert(d).await
+                let months: Vec<DateTime<Utc>> = rows.iter().map(|r| r.denied_at).collect();
+                sqlx::query(
+                    "SELECT denials_ensure_partition(m) FROM unnest($1::timestamptz[]) AS m",
+                )
+                .bind(months)
+                .execute(&self.pool)
+                .await?;
+                self.try_insert_batch(rows).await
             }
             other => other,
         }
     }
 
-    async fn try_insert(&self, d: &NewDenial<'_>) -> Result<bool, DenialError> {
-        let m = d.message;
+    async fn try_insert_batch(&self, rows: &[DenialRow]) -> Result<Vec<bool>, DenialError> {
+        // One row per event within the batch; later copies report "already recorded".
+        let keys: Vec<String> = rows
+            .iter()
+            .map(|r| event_key(&r.message_id, &r.rule, r.replay_of))
+            .collect();
+        let mut first = std::collections::HashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            first.entry(key.as_str()).or_insert(i);
+        }
+        let unique: Vec<&DenialRow> = rows
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| first.get(keys[*i].as_str()) == Some(i))
+            .map(|(_, r)| r)
+            .collect();
+        let column = |f: fn(&DenialRow) -> String| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
         let mut tx = self.pool.begin().await?;
-        // Serialise writers of the same event; the insert below runs in a new snapshot, so it
-        // sees a row that a concurrent writer committed while this one waited.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(event_key(&m.id, d.rule, d.replay_of))
-            .execute(&mut *tx)
-            .await?;
-        let done = sqlx::query(
-            "INSERT INTO denials (message_id, recipient, channel, category, rule, kind, reason, \
-             shadow, retry_after, message, denied_at, replay_of) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
-             WHERE NOT EXISTS (SELECT 1 FROM denials WHERE message_id = $1 AND rule = $5 \
-             AND replay_of IS NOT DISTINCT FROM $12)",
+        // Serialise writers of the same events (locks taken in one order, so two batches never
+        // deadlock); the insert then runs in a new snapshot and sees rows committed meanwhile.
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(h) FROM \
+             (SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest($1::text[]) AS k) s ORDER BY h",
         )
-        .bind(&m.id)
-        .bind(&m.recipient)
-        .bind(&m.channel)
-        .bind(&m.category)
-        .bind(d.rule)
-        .bind(d.kind)
-        .bind(&d.reason)
-        .bind(d.shadow)
-        .bind(d.retry_after)
-        .bind(sqlx::types::Json(m.to_json()))
-        .bind(d.denied_at)
-        .bind(d.replay_of)
+        .bind(&keys)
         .execute(&mut *tx)
         .await?;
+        let inserted: Vec<(String, String, Option<i64>)> = sqlx::query_as(
+            "INSERT INTO denials (message_id, recipient, channel, category, rule, kind, reason, \
+             shadow, retry_after, message, denied_at, replay_of) \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+             $6::text[], $7::text[], $8::bool[], $9::timestamptz[], $10::jsonb[], \
+             $11::timestamptz[], $12::bigint[]) \
+             AS t(message_id, recipient, channel, category, rule, kind, reason, shadow, \
+             retry_after, message, denied_at, replay_of) \
+             WHERE NOT EXISTS (SELECT 1 FROM denials d WHERE d.message_id = t.message_id \
+             AND d.rule = t.rule AND d.replay_of IS NOT DISTINCT FROM t.replay_of) \
+             RETURNING message_id, rule, replay_of",
+        )
+        .bind(column(|r| r.message_id.clone()))
+        .bind(column(|r| r.recipient.clone()))
+        .bind(column(|r| r.channel.clone()))
+        .bind(column(|r| r.category.clone()))
+        .bind(column(|r| r.rule.clone()))
+        .bind(column(|r| r.kind.clone()))
+        .bind(column(|r| r.reason.clone()))
+        .bind(unique.iter().map(|r| r.shadow).collect::<Vec<_>>())
+        .bind(unique.iter().map(|r| r.retry_after).collect::<Vec<_>>())
+        .bind(unique.iter().map(|r| r.message.clone()).collect::<Vec<_>>())
+        .bind(unique.iter().map(|r| r.denied_at).collect::<Vec<_>>())
+        .bind(unique.iter().map(|r| r.replay_of).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await?;
         tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        let new: std::collections::HashSet<String> = inserted
+            .iter()
+            .map(|(id, rule, replay)| event_key(id, rule, *replay))
+            .collect();
+        Ok(keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| first.get(key.as_str()) == Some(&i) && new.contains(key))
+            .collect())
     }
 
     /// Denials matching `filter`, newest first.
