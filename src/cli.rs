@@ -208,7 +208,14 @@ impl CliError {
 }
 
 fn service(what: &str) -> impl Fn(&dyn std::fmt::Display) -> CliError + '_ {
-    move |e| CliError::Service(format!("{what}: {e}"))
+    move |e| {
+        let message = e.to_string();
+        if message.starts_with(&format!("{what}:")) {
+            CliError::Service(message)
+        } else {
+            CliError::Service(format!("{what}: {message}"))
+        }
+    }
 }
 
 /// Runs a parsed command line to completion.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
-use crate::message::DEFAULT_MAX_BODY_BYTES;
+use crate::message::{one_line, DEFAULT_MAX_BODY_BYTES};
 use crate::policy::{Policy, PolicyError, RawRule};
 
 /// Default Redis URL, the local server.
@@ -185,6 +185,9 @@ pub struct WorkerSettings {
     /// On SIGTERM or SIGINT, how long in-flight messages may take to finish, in milliseconds;
     /// messages still unacked after that return to the queue.
     pub shutdown_timeout_ms: u64,
+    /// Answer repeat denials of recipients known to be full from memory (exact; see
+    /// `limiter::deny_cache`). Needs Redis pub/sub; off on Redis Cluster.
+    pub deny_cache: bool,
     /// Largest number of denials written in one transaction.
     pub denial_batch_size: usize,
     /// Longest a denial waits for its batch to fill, in milliseconds.
@@ -235,6 +238,7 @@ impl Default for WorkerSettings {
             retry_max_ms: 10_000,
             shutdown_timeout_ms: 30_000,
             watchdog_interval_ms: 30_000,
+            deny_cache: true,
             denial_batch_size: 500,
             denial_batch_wait_ms: 3,
         }
@@ -333,7 +337,7 @@ impl Settings {
         let zone_name = file.default_timezone.unwrap_or_else(|| "UTC".to_owned());
         let zone: Tz = zone_name
             .parse()
-            .map_err(|_| ConfigError::UnknownTimeZone(zone_name.clone()))?;
+            .map_err(|_| ConfigError::UnknownTimeZone(one_line(&zone_name)))?;
         let w = &file.worker;
         if w.concurrency == 0 || file.amqp.prefetch == 0 {
             return Err(ConfigError::Invalid(
@@ -369,7 +373,7 @@ fn check_admin(admin: &AdminSettings) -> Result<(), ConfigError> {
     if !admin.listen.is_empty() && admin.listen.parse::<std::net::SocketAddr>().is_err() {
         return Err(ConfigError::Invalid(format!(
             "admin.listen \"{}\" is not an address such as 127.0.0.1:9090",
-            admin.listen
+            one_line(&admin.listen)
         )));
     }
     let mut names = std::collections::HashSet::new();
@@ -377,13 +381,13 @@ fn check_admin(admin: &AdminSettings) -> Result<(), ConfigError> {
         if t.name.is_empty() || !names.insert(t.name.as_str()) {
             return Err(ConfigError::Invalid(format!(
                 "admin token names must be non-empty and unique (\"{}\")",
-                t.name
+                one_line(&t.name)
             )));
         }
         if t.token.chars().count() < MIN_TOKEN_CHARS {
             return Err(ConfigError::Invalid(format!(
                 "admin token \"{}\" is shorter than {MIN_TOKEN_CHARS} characters",
-                t.name
+                one_line(&t.name)
             )));
         }
     }
@@ -403,18 +407,32 @@ fn check_urls(
     } else {
         &redis.cluster_urls[..]
     };
+    // Parser messages can quote the URL, password included: only say which one is wrong.
     for url in redis_urls {
-        if let Err(e) = redis::Client::open(url.as_str()) {
-            return Err(ConfigError::Invalid(format!("redis url is not valid: {e}")));
+        let scheme = url.starts_with("redis://") || url.starts_with("rediss://");
+        if !scheme || redis::Client::open(url.as_str()).is_err() {
+            return Err(ConfigError::Invalid(
+                "redis url is not valid: expected redis://[:password@]host:port[/db]".to_owned(),
+            ));
         }
     }
-    if let Err(e) = amqp.url.parse::<lapin::uri::AMQPUri>() {
-        return Err(ConfigError::Invalid(format!("amqp url is not valid: {e}")));
+    if !amqp.url.starts_with("amqp://") || amqp.url.parse::<lapin::uri::AMQPUri>().is_err() {
+        return Err(ConfigError::Invalid(
+            "amqp url is not valid: expected amqp://user:password@host:port/vhost".to_owned(),
+        ));
     }
-    if let Err(e) = database.url.parse::<sqlx::postgres::PgConnectOptions>() {
-        return Err(ConfigError::Invalid(format!(
-            "database url is not valid: {e}"
-        )));
+    let postgres =
+        database.url.starts_with("postgres://") || database.url.starts_with("postgresql://");
+    if !postgres
+        || database
+            .url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .is_err()
+    {
+        return Err(ConfigError::Invalid(
+            "database url is not valid: expected postgres://user[:password]@host:port/database"
+                .to_owned(),
+        ));
     }
     Ok(())
 }
@@ -459,9 +477,9 @@ fn parse_message(text: &str, e: &toml::de::Error) -> String {
     match e.span() {
         Some(span) => {
             let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            format!("line {line}: {}", e.message())
+            format!("line {line}: {}", one_line(e.message()))
         }
-        None => e.message().to_owned(),
+        None => one_line(e.message()),
     }
 }
 
@@ -474,7 +492,7 @@ fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::BadNamespace(ns.to_owned()))
+        Err(ConfigError::BadNamespace(one_line(ns)))
     }
 }
 
@@ -493,21 +511,15 @@ pub fn redact_url(url: &str) -> String {
 }
 
 fn redact_userinfo(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
+    // Whatever precedes the first '@' is user information; the password is after its last
+    // ':' (past any "scheme://"). Redacting too much is harmless, too little is not.
+    let Some(at) = url.find('@') else {
         return url.to_owned();
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => match rest[..at].find(':') {
-            Some(colon) => format!(
-                "{}{}:***{}",
-                &url[..scheme_end + 3],
-                &rest[..colon],
-                &rest[at..]
-            ),
-            None => url.to_owned(),
-        },
+    let start = url[..at].find("://").map_or(0, |i| i + 3);
+    match url[start..at].rfind(':') {
+        Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
+        None if start == 0 => format!("***{}", &url[at..]),
         None => url.to_owned(),
     }
 }

@@ -11,7 +11,10 @@ async fn main() -> ExitCode {
     match sendquota::cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sendquota: {e}");
+            eprintln!(
+                "sendquota: {}",
+                sendquota::message::one_line(&e.to_string())
+            );
             ExitCode::from(e.exit_code())
         }
     }

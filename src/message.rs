@@ -60,6 +60,9 @@ pub enum InvalidMessage {
     /// The time zone is not an IANA zone name.
     #[error("unknown time zone {0:?}")]
     UnknownTimeZone(String),
+    /// The payload holds a NUL character, which the denial history (jsonb) cannot store.
+    #[error("field `payload` contains a NUL character (\\u0000), which cannot be stored")]
+    NulInPayload,
     /// The cost is zero or too large.
     #[error("field `cost` must be between 1 and {MAX_COST}, got {0}")]
     BadCost(i64),
@@ -108,8 +111,8 @@ impl SendRequest {
                 limit: max_body_bytes,
             });
         }
-        let wire: Wire =
-            serde_json::from_slice(body).map_err(|e| InvalidMessage::Malformed(e.to_string()))?;
+        let wire: Wire = serde_json::from_slice(body)
+            .map_err(|e| InvalidMessage::Malformed(one_line(&e.to_string())))?;
         let id = required("id", wire.id, MAX_ID_CHARS)?;
         let recipient = required("recipient", wire.recipient, MAX_RECIPIENT_CHARS)?;
         let channel = required("channel", wire.channel, MAX_NAME_CHARS)?;
@@ -129,6 +132,9 @@ impl SendRequest {
             Some(c) if (1..=i64::from(MAX_COST)).contains(&c) => c as u32,
             Some(c) => return Err(InvalidMessage::BadCost(c)),
         };
+        if holds_nul(&wire.payload) {
+            return Err(InvalidMessage::NulInPayload);
+        }
         Ok(SendRequest {
             id,
             recipient,
@@ -140,19 +146,26 @@ impl SendRequest {
         })
     }
 
-    /// The request as JSON, with defaults filled in: what dispatch publishes and what a denial
-    /// row keeps, so a replay sends exactly what was decided on.
+    /// The request as JSON, defaults left out: what a denial row keeps and a replay publishes.
+    /// It decodes to an equal request and is never longer than a compact original, so a
+    /// request accepted at the size limit can still be replayed.
     pub fn to_json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({
             "id": self.id,
             "recipient": self.recipient,
             "channel": self.channel,
-            "category": self.category,
-            "cost": self.cost,
-            "payload": self.payload,
         });
+        if self.category != "default" {
+            v["category"] = serde_json::Value::String(self.category.clone());
+        }
         if let Some(tz) = self.timezone {
             v["timezone"] = serde_json::Value::String(tz.name().to_owned());
+        }
+        if self.cost != 1 {
+            v["cost"] = self.cost.into();
+        }
+        if !self.payload.is_null() {
+            v["payload"] = self.payload.clone();
         }
         v
     }
@@ -170,6 +183,29 @@ impl fmt::Display for SendRequest {
             "message {:?} to {:?} via {}",
             self.id, self.recipient, self.channel
         )
+    }
+}
+
+/// `text` with control characters escaped, so an error that repeats an input value stays one
+/// line (no forged log lines, one-line reasons in headers and on stderr).
+pub fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn holds_nul(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
     }
 }
 

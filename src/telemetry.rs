@@ -23,6 +23,8 @@ pub const REDELIVERIES: &str = "sendquota_redeliveries_total";
 pub const INVALID: &str = "sendquota_invalid_messages_total";
 /// Counter: messages parked in a delay queue.
 pub const DELAYED: &str = "sendquota_delayed_messages_total";
+/// Counter: decisions answered from the deny cache, without Redis.
+pub const DENY_CACHE_HITS: &str = "sendquota_deny_cache_hits_total";
 /// Gauge: the worker's clock minus Redis `TIME`, in milliseconds.
 pub const CLOCK_SKEW_MS: &str = "sendquota_clock_skew_ms";
 
@@ -55,5 +57,6 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

@@ -22,6 +22,7 @@ use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
+use crate::limiter::deny_cache::DenyCache;
 use crate::limiter::Limiter;
 use crate::pipeline::{HandleError, Handled, Pipeline};
 use crate::sent::SentMarks;
@@ -40,6 +41,9 @@ pub enum WorkerError {
     /// Postgres could not be reached at start-up.
     #[error(transparent)]
     Denials(#[from] DenialError),
+    /// RabbitMQ could not be reached at start-up.
+    #[error("{0}")]
+    Broker(String),
     /// The admin API could not listen.
     #[error("admin API: {0}")]
     Admin(std::io::Error),
@@ -72,6 +76,17 @@ pub async fn run(
     let policy = Arc::new(settings.policy.clone());
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
+    let mut limiter = Limiter::new(redis.clone(), &settings.namespace);
+    if settings.worker.deny_cache && settings.redis.cluster_urls.is_empty() {
+        let cache = Arc::new(DenyCache::new());
+        tokio::spawn(listen_for_invalidations(
+            settings.redis.url.clone(),
+            limiter.invalidation_channel(),
+            cache.clone(),
+            stop.clone(),
+        ));
+        limiter = limiter.with_deny_cache(cache);
+    }
     if !settings.admin.listen.is_empty() {
         let listener = tokio::net::TcpListener::bind(&settings.admin.listen)
             .await
@@ -79,7 +94,7 @@ pub async fn run(
         info!(address = %listener.local_addr().map_err(WorkerError::Admin)?, "admin API listening");
         let state = AdminState {
             policy: policy.clone(),
-            limiter: Limiter::new(redis.clone(), &settings.namespace),
+            limiter: limiter.clone(),
             denials: denials.clone(),
             clock: clock.clone(),
             health: health.clone(),
@@ -97,7 +112,7 @@ pub async fn run(
     }
     let pipeline = Arc::new(Pipeline {
         policy,
-        limiter: Limiter::new(redis.clone(), &settings.namespace),
+        limiter,
         sent: SentMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials: DenialWriter::spawn(
             denials,
@@ -115,6 +130,7 @@ pub async fn run(
     });
     let mut backoff = Backoff::new(&settings.worker);
     let mut stall = failpoint == Some(Failpoint::StallConsumerOnce);
+    let mut started = false;
     loop {
         let ended = session(
             settings,
@@ -124,7 +140,12 @@ pub async fn run(
             stop.clone(),
         )
         .await;
+        started |= health.consuming();
         health.set_consuming(false);
+        if let (Err(e), false) = (&ended, started) {
+            // Unreachable at start: fail like Redis and Postgres do, so the orchestrator sees it.
+            return Err(WorkerError::Broker(e.to_string()));
+        }
         match ended {
             Ok(()) => return Ok(()),
             Err(e) => {
@@ -343,6 +364,56 @@ impl Backoff {
             .map(|d| u64::from(d.subsec_nanos()))
             .unwrap_or(0);
         Duration::from_millis(base + nanos % (base / 4 + 1))
+    }
+}
+
+/// Keeps the deny cache subscribed to quota-freeing events; the cache is on only while the
+/// subscription is up, so no invalidation can be missed.
+async fn listen_for_invalidations(
+    url: String,
+    channel: String,
+    cache: Arc<DenyCache>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut backoff_ms = 100;
+    loop {
+        let subscribed = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            redis::RedisResult::Ok(pubsub)
+        };
+        match subscribed.await {
+            Ok(mut pubsub) => {
+                backoff_ms = 100;
+                cache.enable(true);
+                let mut messages = pubsub.on_message();
+                loop {
+                    let mut stop = stop.clone();
+                    tokio::select! {
+                        message = messages.next() => match message {
+                            Some(m) => {
+                                if let Ok(recipient) = m.get_payload::<String>() {
+                                    cache.invalidate(&recipient);
+                                }
+                            }
+                            None => break,
+                        },
+                        _ = stop.wait_for(|s| *s) => {
+                            cache.enable(false);
+                            return;
+                        }
+                    }
+                }
+                warn!("deny cache subscription lost; cache off until it is back");
+                cache.enable(false);
+            }
+            Err(e) => warn!(error = %e, "deny cache cannot subscribe; cache off"),
+        }
+        if sleep_or_stop(Duration::from_millis(backoff_ms), &stop).await {
+            return;
+        }
+        backoff_ms = (backoff_ms * 2).min(5_000);
     }
 }
 

@@ -6,19 +6,22 @@
 //! refunded, so a message that is not dispatched leaves no quota consumed.
 
 pub mod calendar;
+pub mod deny_cache;
 pub mod keys;
 mod kinds;
 pub mod script;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::Serialize;
 
 use crate::message::SendRequest;
-use crate::policy::{OnDeny, Policy, Rule, Scope};
+use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
+use deny_cache::DenyCache;
 use script::{Mode, RawResult, ScopeReply, SCRIPT};
 
 /// Failures talking to Redis. Any of them means "decide this message again later".
@@ -70,6 +73,7 @@ pub struct Evaluation {
 pub struct Limiter {
     conn: RedisConn,
     namespace: String,
+    cache: Option<Arc<DenyCache>>,
 }
 
 /// A scope's rules with the keys and arguments of its script call.
@@ -109,7 +113,33 @@ impl Limiter {
         Limiter {
             conn,
             namespace: namespace.into(),
+            cache: None,
         }
+    }
+
+    /// This limiter, answering repeat denials of full recipients from `cache`.
+    pub fn with_deny_cache(mut self, cache: Arc<DenyCache>) -> Limiter {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The Redis pub/sub channel on which quota-freeing events are announced to every worker.
+    pub fn invalidation_channel(&self) -> String {
+        format!("{}:deny-cache", self.namespace)
+    }
+
+    /// Tells every worker's deny cache that `recipient`'s state changed in a way a cached
+    /// denial did not foresee (quota freed, or a partial re-admission).
+    async fn announce_changed(&self, recipient: &str) -> Result<(), LimiterError> {
+        if let Some(cache) = &self.cache {
+            cache.invalidate(recipient);
+        }
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(self.invalidation_channel())
+            .arg(recipient)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
     }
 
     /// The connection, for callers that share it (sent marks, health checks).
@@ -128,6 +158,20 @@ impl Limiter {
     ) -> Result<Evaluation, LimiterError> {
         let rules = policy.rules_for(message);
         let zone = message.zone(policy.default_zone);
+        let cache = self
+            .cache
+            .as_ref()
+            .filter(|_| commit && DenyCache::eligible(&rules));
+        if let Some(cache) = cache {
+            if let Some(verdicts) = cache.lookup(message, zone, now) {
+                metrics::counter!(crate::telemetry::DENY_CACHE_HITS).increment(1);
+                return Ok(Evaluation {
+                    verdicts,
+                    committed: false,
+                });
+            }
+        }
+        let generation = cache.map(|c| c.generation());
         let mut verdicts: Vec<Option<Verdict>> = vec![None; rules.len()];
         let mut taken: Vec<ScopeCall<'_>> = Vec::new();
         let mut blocked = false;
@@ -154,11 +198,88 @@ impl Limiter {
                     .invoke(&mut conn, now, &message.id, Mode::Refund)
                     .await?;
             }
+            if !taken.is_empty() {
+                self.announce_changed(&message.recipient).await?;
+            }
+        }
+        let verdicts: Vec<Verdict> = verdicts.into_iter().flatten().collect();
+        // A recipient no day has room for can still change: an id admitted before by some
+        // rules only (their windows differ) is admitted again and commits the others.
+        if commit
+            && !blocked
+            && verdicts.iter().any(|v| v.already)
+            && verdicts.iter().any(|v| !v.already)
+        {
+            self.announce_changed(&message.recipient).await?;
+        }
+        if let (Some(cache), Some(generation)) = (cache, generation) {
+            if blocked {
+                self.remember_denial(cache, message, zone, now, &rules, &verdicts, generation)
+                    .await?;
+            }
         }
         Ok(Evaluation {
-            verdicts: verdicts.into_iter().flatten().collect(),
+            verdicts,
             committed: commit && !blocked,
         })
+    }
+
+    /// Caches a denial of an eligible policy: valid until the first refusing rule would allow
+    /// or the local day ends, for every id not already admitted.
+    #[allow(clippy::too_many_arguments)]
+    async fn remember_denial(
+        &self,
+        cache: &DenyCache,
+        message: &SendRequest,
+        zone: Tz,
+        now: DateTime<Utc>,
+        rules: &[&Rule],
+        verdicts: &[Verdict],
+        generation: u64,
+    ) -> Result<(), LimiterError> {
+        if verdicts.iter().any(|v| v.already) {
+            return Ok(());
+        }
+        let tomorrow = calendar::day_start(calendar::day_number(now, zone) + 1, zone);
+        let Some(until) = verdicts
+            .iter()
+            .filter(|v| !v.allowed)
+            .filter_map(|v| v.retry_after)
+            .chain([tomorrow])
+            .min()
+        else {
+            return Ok(());
+        };
+        let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
+        let mut admitted = HashSet::new();
+        let mut states = Vec::with_capacity(rules.len());
+        for rule in rules {
+            let Kind::CalendarQuota(q) = &rule.kind else {
+                return Ok(());
+            };
+            let key = keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name());
+            let entries: Vec<(String, i64)> = redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut self.conn.clone())
+                .await?;
+            states.push((*q, entries.iter().map(|(_, day)| *day).collect()));
+            admitted.extend(entries.into_iter().map(|(id, _)| id));
+        }
+        let Some(frozen) = deny_cache::frozen_until(&states, now) else {
+            return Ok(());
+        };
+        cache.fill(
+            message,
+            zone,
+            until.min(frozen),
+            admitted,
+            verdicts.to_vec(),
+            generation,
+        );
+        Ok(())
     }
 
     /// Every recipient-scope rule's usage for `recipient` at `now`, consuming nothing: what a
@@ -228,6 +349,7 @@ impl Limiter {
             return Ok((names, 0));
         }
         let removed: i64 = cmd.query_async(&mut self.conn.clone()).await?;
+        self.announce_changed(recipient).await?;
         Ok((names, removed))
     }
 

@@ -6,6 +6,7 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 
 use super::{Kind, Match, OnDeny, Policy, Rule, Scope};
+use crate::message::one_line;
 
 /// Longest rule name; names are part of Redis keys and denial rows.
 const MAX_RULE_NAME: usize = 64;
@@ -58,7 +59,8 @@ impl<'de> Deserialize<'de> for Scope {
             "category" => Ok(Scope::Category),
             "global" => Ok(Scope::Global),
             other => Err(serde::de::Error::custom(format!(
-                "unknown scope \"{other}\" (expected recipient, channel, category or global)"
+                "unknown scope \"{}\" (expected recipient, channel, category or global)",
+                one_line(other)
             ))),
         }
     }
@@ -71,7 +73,8 @@ impl<'de> Deserialize<'de> for OnDeny {
             "delay" => Ok(OnDeny::Delay),
             "shadow" => Ok(OnDeny::Shadow),
             other => Err(serde::de::Error::custom(format!(
-                "unknown on_deny \"{other}\" (expected drop, delay or shadow)"
+                "unknown on_deny \"{}\" (expected drop, delay or shadow)",
+                one_line(other)
             ))),
         }
     }
@@ -87,12 +90,12 @@ impl Policy {
         let mut rules = Vec::with_capacity(raw.len());
         for r in raw {
             let fail = |message: String| PolicyError::Rule {
-                rule: r.name.clone(),
-                message,
+                rule: one_line(&r.name),
+                message: one_line(&message),
             };
             check_name(&r.name).map_err(fail)?;
             if !seen.insert(r.name.clone()) {
-                return Err(PolicyError::DuplicateName(r.name));
+                return Err(PolicyError::DuplicateName(one_line(&r.name)));
             }
             let kind = Kind::from_params(&r.kind, &r.params).map_err(fail)?;
             let matcher = r.matcher.unwrap_or_default();

@@ -1,0 +1,195 @@
+//! The deny cache is exact: over a skewed workload (a few hot recipients who keep being sent
+//! to, repeated ids, resets, midnights, several zones), a limiter answering from the cache
+//! gives every decision an uncached limiter gives, while answering many of them without Redis.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use sendquota::clock::ManualClock;
+use sendquota::config::Settings;
+use sendquota::limiter::deny_cache::DenyCache;
+use sendquota::limiter::Limiter;
+use sendquota::message::SendRequest;
+use sendquota::policy::Policy;
+use support::{local, request, TestEnv};
+
+const ZONES: [&str; 3] = ["UTC", "America/New_York", "Asia/Kathmandu"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send {
+        recipient: usize,
+        id: usize,
+        zone: usize,
+        advance_minutes: i64,
+    },
+    Reset {
+        recipient: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Recipients 0..3 are hot (most of the traffic), 3..40 cold; ids repeat within a pool.
+    let recipient = prop_oneof![8 => 0usize..3, 2 => 3usize..40];
+    prop_oneof![
+        60 => (recipient, 0usize..400, prop_oneof![9 => Just(0usize), 1 => 0usize..3], 0i64..180)
+            .prop_map(|(recipient, id, zone, advance_minutes)| Op::Send { recipient, id, zone, advance_minutes }),
+        1 => (0usize..3).prop_map(|recipient| Op::Reset { recipient }),
+    ]
+}
+
+fn policy(toml: &str) -> Policy {
+    Settings::from_toml(toml, |_| None).expect("valid").policy
+}
+
+fn exact_over_random_workloads(toml: &str) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let redis = rt.block_on(support::connect_redis(&support::single_settings()));
+    let policy = policy(toml);
+    let hits = std::sync::atomic::AtomicU64::new(0);
+    let decisions = std::sync::atomic::AtomicU64::new(0);
+    let result = TestRunner::new(Config {
+        cases: 12,
+        failure_persistence: None,
+        ..Config::default()
+    })
+    .run(&prop::collection::vec(op(), 50..400), |ops| {
+        let cached_ns = support::unique("sqtcache");
+        let plain_ns = support::unique("sqtplain");
+        let cache = Arc::new(DenyCache::new());
+        cache.enable(true);
+        let cached = Limiter::new(redis.clone(), &cached_ns).with_deny_cache(cache.clone());
+        let plain = Limiter::new(redis.clone(), &plain_ns);
+        let mut now: DateTime<Utc> = "2026-03-07T20:00:00Z".parse().expect("instant");
+        let outcome = rt.block_on(async {
+            for (step, op) in ops.iter().enumerate() {
+                match op {
+                    Op::Send {
+                        recipient,
+                        id,
+                        zone,
+                        advance_minutes,
+                    } => {
+                        now += Duration::minutes(*advance_minutes);
+                        let body =
+                            request(&format!("m{id}"), &format!("r{recipient}"), ZONES[*zone]);
+                        let m = SendRequest::decode(body.to_string().as_bytes(), 1 << 16)
+                            .expect("valid");
+                        let before = cache.hits();
+                        let a = cached
+                            .evaluate(&policy, &m, now, true)
+                            .await
+                            .expect("cached");
+                        // DENY_CACHE_TRACE=1 prints every step, for finding a failing one.
+                        if std::env::var("DENY_CACHE_TRACE").is_ok() {
+                            eprintln!(
+                                "{step} {op:?} {now} hit={} {:?}",
+                                cache.hits() > before,
+                                a.verdicts
+                                    .iter()
+                                    .map(|v| (v.allowed, v.already, v.remaining, v.retry_after))
+                                    .collect::<Vec<_>>()
+                            );
+                        }
+                        let b = plain.evaluate(&policy, &m, now, true).await.expect("plain");
+                        let view = |e: &sendquota::limiter::Evaluation| {
+                            (
+                                e.committed,
+                                e.verdicts
+                                    .iter()
+                                    .map(|v| {
+                                        (v.rule.clone(), v.allowed, v.remaining, v.retry_after)
+                                    })
+                                    .collect::<Vec<_>>(),
+                            )
+                        };
+                        prop_assert_eq!(view(&a), view(&b), "step {} {:?} at {}", step, op, now);
+                    }
+                    Op::Reset { recipient } => {
+                        let r = format!("r{recipient}");
+                        cached.reset(&policy, &r).await.expect("reset");
+                        plain.reset(&policy, &r).await.expect("reset");
+                    }
+                }
+            }
+            Ok(())
+        });
+        for ns in [&cached_ns, &plain_ns] {
+            rt.block_on(support::delete_keys(&mut redis.clone(), &format!("{ns}:*")));
+        }
+        hits.fetch_add(cache.hits(), std::sync::atomic::Ordering::SeqCst);
+        decisions.fetch_add(
+            ops.iter().filter(|o| matches!(o, Op::Send { .. })).count() as u64,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        outcome
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let (hits, decisions) = (hits.into_inner(), decisions.into_inner());
+    eprintln!("deny cache answered {hits} of {decisions} decisions");
+    assert!(
+        hits * 5 > decisions,
+        "the cache answered {hits} of {decisions}: too few to matter"
+    );
+}
+
+#[test]
+fn cached_decisions_equal_uncached_ones_for_the_headline_rule() {
+    exact_over_random_workloads("");
+}
+
+#[test]
+fn cached_decisions_equal_uncached_ones_for_two_calendar_rules() {
+    exact_over_random_workloads(
+        "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 2\nper_window = 4\nwindow_days = 5\n\
+         [[rules]]\nname = \"weekly\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\nwindow_days = 7\n",
+    );
+}
+
+#[test]
+fn policies_with_other_kinds_or_scopes_are_not_cached() {
+    let p = policy(
+        "[[rules]]\nname = \"h\"\nkind = \"calendar_quota\"\n\
+         [[rules]]\nname = \"g\"\nkind = \"gcra\"\nrate = 1\nscope = \"global\"\n",
+    );
+    let m = SendRequest::decode(request("x", "r", "UTC").to_string().as_bytes(), 1 << 16)
+        .expect("valid");
+    assert!(!DenyCache::eligible(&p.rules_for(&m)));
+    assert!(DenyCache::eligible(&policy("").rules_for(&m)));
+}
+
+#[tokio::test]
+async fn a_reset_through_the_admin_path_reaches_the_workers_cache() {
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("m1", "alice", "UTC")).await;
+    assert!(env.outcome("m1", &mut seen).await);
+    for i in 2..5 {
+        // Denied: the first from Redis, the next ones from the worker's cache.
+        env.publish(&request(&format!("m{i}"), "alice", "UTC"))
+            .await;
+        assert!(!env.outcome(&format!("m{i}"), &mut seen).await);
+    }
+    // Another process resets alice; the worker hears of it through pub/sub.
+    let admin = Limiter::new(env.redis.clone(), &env.namespace);
+    admin
+        .reset(&env.settings.policy, "alice")
+        .await
+        .expect("reset");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    env.publish(&request("m5", "alice", "UTC")).await;
+    assert!(
+        env.outcome("m5", &mut seen).await,
+        "allowed after the reset"
+    );
+    env.stop_worker().await;
+}
