@@ -349,15 +349,7 @@ async fn publish(settings: &Settings, file: Option<PathBuf>) -> Result<(), CliEr
         requests.push((request.id, line));
     }
     let names = Names::new(&settings.namespace);
-    let connection = broker::connect(&settings.amqp.url, "sendquota-publish")
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?;
-    let publisher = Publisher::open(&connection)
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?;
-    broker::declare(publisher.channel(), &names, settings.amqp.queue_type)
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?;
+    let (connection, publisher) = open_publisher(settings, &names, "sendquota-publish").await?;
     let total = requests.len();
     let mut sent = 0usize;
     let mut confirms = futures_util::stream::iter(requests.iter())
@@ -414,6 +406,25 @@ fn print_denials(rows: &[Denial], format: Format) -> Result<(), CliError> {
     written.map_err(|e| CliError::Service(format!("writing output: {e}")))
 }
 
+/// A confirmed publisher on a new connection, with the topology declared (so nothing
+/// published before any worker ran is unroutable).
+async fn open_publisher(
+    settings: &Settings,
+    names: &Names,
+    role: &str,
+) -> Result<(lapin::Connection, Publisher), CliError> {
+    let connection = broker::connect(&settings.amqp.url, role)
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    let publisher = Publisher::open(&connection)
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    broker::declare(publisher.channel(), names, settings.amqp.queue_type)
+        .await
+        .map_err(|e| service("rabbitmq")(&e))?;
+    Ok((connection, publisher))
+}
+
 async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {
     DenialStore::connect(&settings.database)
         .await
@@ -451,15 +462,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let names = Names::new(&settings.namespace);
-    let connection = broker::connect(&settings.amqp.url, "sendquota-replay")
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?;
-    let publisher = Publisher::open(&connection)
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?;
-    broker::declare(publisher.channel(), &names, settings.amqp.queue_type)
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?;
+    let (connection, publisher) = open_publisher(settings, &names, "sendquota-replay").await?;
     let bar = progress_bar(args.limit);
     let options = crate::replay::ReplayOptions {
         filter,
