@@ -59,9 +59,9 @@ pub fn frozen_until(
     (first_room > eastmost).then(|| calendar::day_start(first_room, chrono_tz::Etc::GMTMinus14))
 }
 
-/// Largest number of cached recipients; past it the cache starts over (hot recipients come
-/// straight back).
-const MAX_ENTRIES: usize = 100_000;
+/// Largest number of cached recipients (each about 300 bytes). When full, expired entries go
+/// first; if that frees nothing the cache starts over (hot recipients come straight back).
+const MAX_ENTRIES: usize = 10_000;
 
 struct Entry {
     until: DateTime<Utc>,
@@ -128,12 +128,14 @@ impl DenyCache {
         Some(entry.verdicts.clone())
     }
 
-    /// Remembers that the recipient is refused with `verdicts` until `until`, if no
-    /// invalidation happened since `generation` was read.
+    /// Remembers that the recipient is refused with `verdicts` until `until` (decided at
+    /// `now`), if no invalidation happened since `generation` was read.
+    #[allow(clippy::too_many_arguments)]
     pub fn fill(
         &self,
         message: &SendRequest,
         zone: Tz,
+        now: DateTime<Utc>,
         until: DateTime<Utc>,
         admitted: HashSet<String>,
         verdicts: Vec<Verdict>,
@@ -149,7 +151,10 @@ impl DenyCache {
             return;
         }
         if entries.len() >= MAX_ENTRIES {
-            entries.clear();
+            entries.retain(|_, e| e.until > now);
+            if entries.len() >= MAX_ENTRIES {
+                entries.clear();
+            }
         }
         entries.insert(
             (message.recipient.clone(), zone),

@@ -274,6 +274,7 @@ impl Limiter {
         cache.fill(
             message,
             zone,
+            now,
             until.min(frozen),
             admitted,
             verdicts.to_vec(),
