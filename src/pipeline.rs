@@ -103,6 +103,8 @@ impl Pipeline {
                 publisher
                     .publish("", &self.names.invalid, body, props)
                     .await?;
+                metrics::counter!(telemetry::INVALID).increment(1);
+                metrics::counter!(telemetry::DECISIONS, "outcome" => "invalid").increment(1);
                 return Ok(Handled::Invalid { reason });
             }
         };

@@ -29,6 +29,9 @@ use crate::sent::SentMarks;
 use crate::store::RedisConn;
 use crate::telemetry;
 
+/// How often buffered histogram samples are folded into their buckets.
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
 /// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
 const SKEW_WARNING_MS: i64 = 1_000;
 
@@ -123,6 +126,17 @@ pub async fn run(
         names: Names::new(&settings.namespace),
         max_body_bytes: settings.worker.max_body_bytes,
         failpoint,
+    });
+    // Histogram samples wait in the recorder until drained; without upkeep they would grow
+    // with every message between scrapes.
+    let mut upkeep_stop = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(METRICS_UPKEEP) => telemetry::prometheus().run_upkeep(),
+                _ = upkeep_stop.wait_for(|s| *s) => return,
+            }
+        }
     });
     tokio::spawn(async move {
         shutdown.await;

@@ -127,6 +127,12 @@ async fn health_readiness_and_metrics_need_no_token_and_report_the_worker() {
     assert!(env.outcome("m1", &mut seen).await);
     env.publish(&request("m2", "alice", "UTC")).await;
     assert!(!env.outcome("m2", &mut seen).await);
+    env.publish_raw(b"not json").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.drain(&env.names.invalid).await.is_empty() {
+        assert!(Instant::now() < deadline, "the invalid message was routed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let metrics = http(port, "GET", "/metrics", None, "").await;
     assert_eq!(metrics.status, 200);
     for needle in [
@@ -137,6 +143,8 @@ async fn health_readiness_and_metrics_need_no_token_and_report_the_worker() {
         "sendquota_dispatch_seconds_bucket",
         "sendquota_denial_write_seconds_bucket",
         "sendquota_clock_skew_ms",
+        "sendquota_invalid_messages_total",
+        "sendquota_decisions_total{outcome=\"invalid\"}",
     ] {
         assert!(
             metrics.body.contains(needle),
