@@ -133,9 +133,7 @@ async fn health_readiness_and_metrics_need_no_token_and_report_the_worker() {
         assert!(Instant::now() < deadline, "the invalid message was routed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let metrics = http(port, "GET", "/metrics", None, "").await;
-    assert_eq!(metrics.status, 200);
-    for needle in [
+    let needles = [
         "sendquota_decisions_total{outcome=\"allow\"}",
         "sendquota_decisions_total{outcome=\"deny\"}",
         "sendquota_rule_verdicts_total{rule=\"headline\",verdict=\"deny\"}",
@@ -145,12 +143,25 @@ async fn health_readiness_and_metrics_need_no_token_and_report_the_worker() {
         "sendquota_clock_skew_ms",
         "sendquota_invalid_messages_total",
         "sendquota_decisions_total{outcome=\"invalid\"}",
-    ] {
+    ];
+    // The invalid message is counted just after it reaches its queue: scrape until it shows.
+    loop {
+        let metrics = http(port, "GET", "/metrics", None, "").await;
+        assert_eq!(metrics.status, 200);
+        let missing: Vec<&str> = needles
+            .iter()
+            .copied()
+            .filter(|n| !metrics.body.contains(n))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
         assert!(
-            metrics.body.contains(needle),
-            "no {needle} in\n{}",
+            Instant::now() < deadline,
+            "missing {missing:?} in\n{}",
             metrics.body
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
