@@ -1,0 +1,1661 @@
+//! One run that measures sendquota against its ceilings and prints every figure with its ratio
+//! to the ceiling or target:
+//!
+//! - (a1) ceiling: the calendar_quota decision script driven by a bare pipelined redis-rs loop
+//!   (the exact EVALSHA the limiter sends for the headline rule), decisions/s;
+//! - (a2) ceiling: a no-work relay through RabbitMQ from a quorum queue to the dispatch
+//!   exchange (prefetch 1000, publisher confirms and acks handled concurrently), msgs/s;
+//! - (b) the decision path (`Limiter::evaluate`, commit, no broker): the headline rule alone and
+//!   with two more kinds, against (a1);
+//! - (c) the worker binary end to end (quorum queue, half dispatched and half denied), against
+//!   (a2), with p50/p99 decision latency from its /metrics histogram;
+//! - (d) the worker's CPU per message and peak RSS;
+//! - (e) Redis memory per active recipient, and the decision rate over 1,000,000 recipients
+//!   against 10,000 (both pools drawn from 1,000,000 pre-populated recipients' keys).
+//!
+//! Besides, every phase reports the CPU time each process spent per operation (this process,
+//! Redis and the part of it executing scripts, RabbitMQ, Postgres, the worker, everything
+//! else, idle) so it shows where the time goes on a small machine. The machine may be shared:
+//! figures compared with each other ((a1) and (b), the two pools of (e)) run in alternating
+//! slices, (a2) runs before and after (c), and a phase during which other processes took more
+//! than 15% of the machine is named in a warning.
+//!
+//! `cargo bench --bench perf -- [--decisions N] [--concurrency C] [--pipeline P] [--in-flight F]
+//! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Confirmation};
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use sendquota::config::{QueueType, Settings};
+use sendquota::limiter::calendar::{day_number, day_start};
+use sendquota::limiter::keys::{rule_key, scope_tag};
+use sendquota::limiter::script::{SCRIPT, SOURCE};
+use sendquota::limiter::Limiter;
+use sendquota::message::SendRequest;
+use sendquota::policy::{Policy, ScopeValue};
+use support::{request, TestEnv};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The instant every decision phase is anchored on. Decision `i` is simulated at `+i` ms, and
+/// from noon up to 43 million decisions stay on one UTC day.
+const BASE: &str = "2026-04-01T12:00:00Z";
+/// The worker's fixed clock in the end-to-end phase.
+const WORKER_NOW: &str = "2026-02-02T12:00:00Z";
+/// Days between pre-populated state and the measured decisions in (e): inside the 7-day
+/// window, so every measured recipient has one earlier send in its window.
+const PREPOPULATE_DAYS_BEFORE: i64 = 4;
+
+/// The headline rule plus a channel-scope GCRA that never refuses at the simulated rate and a
+/// recipient-scope sliding window that two sends never fill: two script calls per decision,
+/// two rules in the first.
+const THREE_RULES: &str = r#"
+[[rules]]
+name = "headline"
+kind = "calendar_quota"
+
+[[rules]]
+name = "sms_rate"
+kind = "gcra"
+rate = 100000
+period = "1s"
+scope = "channel"
+
+[[rules]]
+name = "burst"
+kind = "sliding_window"
+limit = 5
+window = "1h"
+sub_window = "1m"
+"#;
+
+// Targets.
+const DECISION_PATH_MIN_RATIO: f64 = 0.90;
+const END_TO_END_MIN_RATIO: f64 = 0.80;
+const CPU_MAX_US_PER_MSG: f64 = 25.0;
+const RSS_MAX_MIB: f64 = 100.0;
+const BYTES_MAX_PER_RECIPIENT: f64 = 200.0;
+const SCALE_MAX_LOSS: f64 = 0.10;
+
+struct Args {
+    decisions: usize,
+    concurrency: usize,
+    pipeline: usize,
+    in_flight: usize,
+    messages: usize,
+    recipients: usize,
+    small_recipients: usize,
+    pool_decisions: usize,
+    sample: usize,
+}
+
+fn args() -> Args {
+    let mut out = Args {
+        decisions: 200_000,
+        concurrency: 256,
+        pipeline: 256,
+        in_flight: 4,
+        messages: 60_000,
+        recipients: 1_000_000,
+        small_recipients: 10_000,
+        pool_decisions: 100_000,
+        sample: 1_000,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let slot = match a.as_str() {
+            "--decisions" => &mut out.decisions,
+            "--concurrency" => &mut out.concurrency,
+            "--pipeline" => &mut out.pipeline,
+            "--in-flight" => &mut out.in_flight,
+            "--messages" => &mut out.messages,
+            "--recipients" => &mut out.recipients,
+            "--small-recipients" => &mut out.small_recipients,
+            "--pool-decisions" => &mut out.pool_decisions,
+            "--sample" => &mut out.sample,
+            "--bench" => continue,
+            other => {
+                eprintln!(
+                    "unknown argument {other}; flags: --decisions --concurrency --pipeline \
+                     --in-flight --messages --recipients --small-recipients --pool-decisions \
+                     --sample (each takes a whole number)"
+                );
+                std::process::exit(2)
+            }
+        };
+        *slot = match it.next().and_then(|v| v.parse().ok()) {
+            Some(v) if v > 0 => v,
+            _ => {
+                eprintln!("{a} takes a whole number above zero");
+                std::process::exit(2)
+            }
+        };
+    }
+    // Two decisions per recipient, in SLICES equal slices; the pools of (e) are disjoint
+    // (the small one at most half the recipients) and a pool run is whole rounds of the small
+    // pool.
+    out.decisions = out.decisions.div_ceil(2 * SLICES) * 2 * SLICES;
+    out.messages = out.messages.div_ceil(2) * 2;
+    out.recipients = out.recipients.max(2);
+    out.small_recipients = out.small_recipients.min(out.recipients / 2);
+    let round = 2 * out.small_recipients;
+    let cap = 2 * (out.recipients - out.small_recipients);
+    out.pool_decisions = (out.pool_decisions.min(cap) / round).max(1) * round;
+    out
+}
+
+fn instant(s: &str) -> DateTime<Utc> {
+    s.parse().expect("instant")
+}
+
+/// Prints a progress line on stderr at most once a second.
+struct Progress {
+    label: String,
+    total: usize,
+    done: usize,
+    began: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(label: &str, total: usize) -> Progress {
+        eprintln!("[{label}] {total} to go");
+        Progress {
+            label: label.to_owned(),
+            total,
+            done: 0,
+            began: Instant::now(),
+            last: Instant::now(),
+        }
+    }
+
+    /// Counts `k` more done.
+    fn add(&mut self, k: usize) {
+        self.done += k;
+        if self.last.elapsed() >= Duration::from_secs(1) {
+            self.last = Instant::now();
+            eprintln!(
+                "[{}] {}/{} after {:.1} s",
+                self.label,
+                self.done,
+                self.total,
+                self.began.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU accounting from /proc: where the time goes.
+
+fn clock_ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of `pid` in clock ticks.
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the command name start at field 3 (state); utime is 14, stime 15.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Process ids whose command name is `comm`.
+fn pids_named(comm: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim() == comm)
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// A kernel-reported status value of `pid` in KiB (VmHWM, VmRSS).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The processes whose CPU time each phase reports.
+struct Procs {
+    /// For INFO commandstats.
+    conn: MultiplexedConnection,
+    redis: String,
+    rabbit: Vec<String>,
+    tick_us: f64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct CpuSnap {
+    /// The whole machine: busy and idle ticks over every core (from /proc/stat).
+    busy: u64,
+    idle: u64,
+    bench: u64,
+    redis: u64,
+    rabbit: u64,
+    postgres: u64,
+    worker: u64,
+    /// Microseconds Redis spent executing EVALSHA (the scripts), from INFO commandstats.
+    lua_us: u64,
+    /// Context switches of Redis's main thread: how often it went to sleep and woke up.
+    redis_switches: u64,
+}
+
+/// INFO commandstats: command -> (calls, microseconds executing it). Commands a script runs
+/// are counted too, and their time is also inside the script's.
+async fn command_stats(conn: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |f: &str| -> u64 {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            Some((name.to_owned(), (field("calls="), field("usec="))))
+        })
+        .collect()
+}
+
+impl Procs {
+    async fn find(conn: &mut MultiplexedConnection) -> Procs {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(conn)
+            .await
+            .expect("INFO server");
+        let redis = info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .map(|p| p.trim().to_owned())
+            .unwrap_or_default();
+        Procs {
+            conn: conn.clone(),
+            redis,
+            rabbit: pids_named("beam.smp"),
+            tick_us: 1e6 / clock_ticks_per_second(),
+        }
+    }
+
+    async fn snap(&self, worker: Option<u32>) -> CpuSnap {
+        let lua_us = command_stats(&mut self.conn.clone())
+            .await
+            .get("evalsha")
+            .map_or(0, |&(_, us)| us);
+        let (busy, idle) = machine_ticks();
+        CpuSnap {
+            lua_us,
+            redis_switches: std::fs::read_to_string(format!("/proc/{}/status", self.redis))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum(),
+            busy,
+            idle,
+            bench: cpu_ticks("self").unwrap_or(0),
+            redis: cpu_ticks(&self.redis).unwrap_or(0),
+            rabbit: self.rabbit.iter().filter_map(|p| cpu_ticks(p)).sum(),
+            // Backends come and go; what exited during the phase is missed (a little).
+            postgres: pids_named("postgres")
+                .iter()
+                .filter_map(|p| cpu_ticks(p))
+                .sum(),
+            worker: worker.and_then(|p| cpu_ticks(&p.to_string())).unwrap_or(0),
+        }
+    }
+}
+
+/// Busy and idle ticks of the whole machine since boot, summed over cores.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0, 0);
+    };
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    (at(0) + at(1) + at(2) + at(5) + at(6) + at(7), at(3) + at(4))
+}
+
+impl CpuSnap {
+    /// `later - self`, field by field.
+    fn until(self, later: CpuSnap) -> CpuSnap {
+        CpuSnap {
+            busy: later.busy.saturating_sub(self.busy),
+            idle: later.idle.saturating_sub(self.idle),
+            bench: later.bench.saturating_sub(self.bench),
+            redis: later.redis.saturating_sub(self.redis),
+            rabbit: later.rabbit.saturating_sub(self.rabbit),
+            postgres: later.postgres.saturating_sub(self.postgres),
+            worker: later.worker.saturating_sub(self.worker),
+            lua_us: later.lua_us.saturating_sub(self.lua_us),
+            redis_switches: later.redis_switches.saturating_sub(self.redis_switches),
+        }
+    }
+
+    fn plus(self, o: CpuSnap) -> CpuSnap {
+        CpuSnap {
+            busy: self.busy + o.busy,
+            idle: self.idle + o.idle,
+            bench: self.bench + o.bench,
+            redis: self.redis + o.redis,
+            rabbit: self.rabbit + o.rabbit,
+            postgres: self.postgres + o.postgres,
+            worker: self.worker + o.worker,
+            lua_us: self.lua_us + o.lua_us,
+            redis_switches: self.redis_switches + o.redis_switches,
+        }
+    }
+}
+
+/// What one measured phase did, summed over its slices.
+#[derive(Default)]
+struct Tally {
+    ops: usize,
+    allowed: usize,
+    wall: Duration,
+    cpu: CpuSnap,
+}
+
+impl Tally {
+    fn add(&mut self, before: CpuSnap, after: CpuSnap, ops: usize, allowed: usize, wall: Duration) {
+        self.ops += ops;
+        self.allowed += allowed;
+        self.wall += wall;
+        self.cpu = self.cpu.plus(before.until(after));
+    }
+
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.wall.as_secs_f64()
+    }
+
+    fn allowed_pct(&self) -> f64 {
+        100.0 * self.allowed as f64 / self.ops.max(1) as f64
+    }
+}
+
+/// CPU microseconds per operation of one phase, per process; `other` is every other process
+/// on the machine (another build, say), `idle` what no process used.
+struct CpuUse {
+    phase: String,
+    ops: usize,
+    wall: f64,
+    bench: f64,
+    redis: f64,
+    rabbit: f64,
+    postgres: f64,
+    worker: f64,
+    other: f64,
+    idle: f64,
+    lua: f64,
+    /// Redis main-thread context switches per operation.
+    redis_switches: f64,
+}
+
+fn cpu_use(procs: &Procs, phase: &str, t: &Tally) -> CpuUse {
+    let per = |ticks: u64| ticks as f64 * procs.tick_us / t.ops.max(1) as f64;
+    let c = t.cpu;
+    let known = per(c.bench) + per(c.redis) + per(c.rabbit) + per(c.postgres) + per(c.worker);
+    CpuUse {
+        phase: phase.to_owned(),
+        ops: t.ops,
+        wall: t.wall.as_secs_f64() * 1e6 / t.ops.max(1) as f64,
+        bench: per(c.bench),
+        redis: per(c.redis),
+        rabbit: per(c.rabbit),
+        postgres: per(c.postgres),
+        worker: per(c.worker),
+        other: (per(c.busy) - known).max(0.0),
+        idle: per(c.idle),
+        lua: c.lua_us as f64 / t.ops.max(1) as f64,
+        redis_switches: c.redis_switches as f64 / t.ops.max(1) as f64,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis helpers.
+
+async fn multiplexed() -> MultiplexedConnection {
+    redis::Client::open(support::redis_url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("redis not reachable: {e}; {}", support::START_HINT))
+}
+
+/// Removes every key matching `pattern` with SCAN and batched UNLINK; returns how many.
+async fn purge(conn: &mut MultiplexedConnection, pattern: &str, label: &str) -> usize {
+    let mut cursor: u64 = 0;
+    let mut removed = 0usize;
+    let mut last = Instant::now();
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(conn)
+            .await
+            .expect("SCAN");
+        if !keys.is_empty() {
+            removed += redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<usize>(conn)
+                .await
+                .expect("UNLINK");
+        }
+        if last.elapsed() >= Duration::from_secs(1) {
+            eprintln!("[{label}] unlinked {removed} keys so far");
+            last = Instant::now();
+        }
+        cursor = next;
+        if cursor == 0 {
+            return removed;
+        }
+    }
+}
+
+async fn used_memory(conn: &mut MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .expect("INFO memory");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The headline rule's key for a recipient, as the limiter names it.
+fn headline_key(namespace: &str, recipient: &str) -> String {
+    rule_key(
+        namespace,
+        &scope_tag(&ScopeValue::Recipient(recipient)),
+        "headline",
+        "calendar_quota",
+    )
+}
+
+/// The bare decision loop: the limiter's exact EVALSHA for the headline rule, sent in
+/// pipelines over one multiplexed connection, several pipelines in flight.
+struct LuaLoop {
+    conn: MultiplexedConnection,
+    sha: String,
+    namespace: String,
+    pipeline: usize,
+    in_flight: usize,
+}
+
+impl LuaLoop {
+    /// Decides messages `range` at `at` (+1 ms per decision index); decision `i` is message
+    /// `<prefix>m<i>` for recipient `<prefix><recipient(i)>`. Returns how many were admitted
+    /// and the elapsed time.
+    async fn run(
+        &self,
+        progress: &mut Progress,
+        range: Range<usize>,
+        prefix: &str,
+        at: DateTime<Utc>,
+        recipient: impl Fn(usize) -> usize,
+    ) -> (usize, Duration) {
+        let today = day_number(at, chrono_tz::UTC);
+        let at_ms = at.timestamp_millis();
+        let expire_ms = (day_start(today + 7, chrono_tz::UTC) - at).num_milliseconds();
+        let today = today.to_string();
+        let end = range.end;
+        let began = Instant::now();
+        let mut replies = futures_util::stream::iter(range.step_by(self.pipeline))
+            .map(|first| {
+                let mut pipe = redis::pipe();
+                for i in first..(first + self.pipeline).min(end) {
+                    let key = headline_key(&self.namespace, &format!("{prefix}{}", recipient(i)));
+                    let ids = format!("{key}:ids");
+                    pipe.cmd("EVALSHA")
+                        .arg(&self.sha)
+                        .arg(2)
+                        .arg(key)
+                        .arg(ids)
+                        .arg(at_ms + i as i64)
+                        .arg(format!("{prefix}m{i}"))
+                        .arg("commit")
+                        .arg(1)
+                        .arg(1)
+                        .arg("calendar_quota")
+                        .arg("1")
+                        .arg("5")
+                        .arg(&today)
+                        .arg(1)
+                        .arg(3)
+                        .arg(7)
+                        .arg(expire_ms - i as i64);
+                }
+                let mut conn = self.conn.clone();
+                async move { pipe.query_async::<Vec<Value>>(&mut conn).await }
+            })
+            .buffer_unordered(self.in_flight);
+        let mut allowed = 0usize;
+        while let Some(reply) = replies.next().await {
+            let reply = reply.expect("EVALSHA pipeline");
+            let k = reply.len();
+            for v in reply {
+                match v {
+                    Value::Array(items) => {
+                        allowed += usize::from(matches!(items.first(), Some(Value::Int(1))));
+                    }
+                    other => panic!("decision script replied {other:?}"),
+                }
+            }
+            progress.add(k);
+        }
+        (allowed, began.elapsed())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decision path.
+
+fn policy(toml: &str) -> Policy {
+    Settings::from_toml(toml, |_| None)
+        .expect("bench policy is valid")
+        .policy
+}
+
+fn decode(id: &str, recipient: &str) -> SendRequest {
+    SendRequest::decode(
+        request(id, recipient, "UTC").to_string().as_bytes(),
+        1 << 16,
+    )
+    .expect("valid request")
+}
+
+/// Runs `messages[range]` through `Limiter::evaluate` (commit), `concurrency` at a time,
+/// message `i` at `at(i)`. Returns how many were admitted and the elapsed time.
+#[allow(clippy::too_many_arguments)]
+async fn evaluate_all(
+    progress: &mut Progress,
+    limiter: &Limiter,
+    policy: &Arc<Policy>,
+    messages: &[SendRequest],
+    range: Range<usize>,
+    at: impl Fn(usize) -> DateTime<Utc>,
+    concurrency: usize,
+) -> (usize, Duration) {
+    let began = Instant::now();
+    let mut results = futures_util::stream::iter(range.map(|i| (i, &messages[i])))
+        .map(|(i, m)| {
+            let when = at(i);
+            async move {
+                limiter
+                    .evaluate(policy, m, when, true)
+                    .await
+                    .expect("evaluate")
+                    .committed
+            }
+        })
+        .buffer_unordered(concurrency);
+    let (mut done, mut allowed) = (0usize, 0usize);
+    while let Some(committed) = results.next().await {
+        done += 1;
+        allowed += usize::from(committed);
+        if done.is_multiple_of(1024) {
+            progress.add(1024);
+        }
+    }
+    progress.add(done % 1024);
+    (allowed, began.elapsed())
+}
+
+// ---------------------------------------------------------------------------------------------
+// RabbitMQ helpers.
+
+async fn queued(env: &TestEnv, queue: &str) -> usize {
+    env.channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map(|q| q.message_count() as usize)
+        .unwrap_or(0)
+}
+
+async fn denied(env: &TestEnv) -> usize {
+    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM denials")
+        .fetch_one(&env.pool)
+        .await
+        .expect("count denials") as usize
+}
+
+/// Request bodies: two per recipient on one day, so half are dispatched and half denied.
+fn bodies(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            request(&format!("m{i}"), &format!("r{}", i / 2), "UTC")
+                .to_string()
+                .into_bytes()
+        })
+        .collect()
+}
+
+/// Publishes `bodies` to the requests exchange (publisher-confirmed, 512 in flight) and waits
+/// until the requests queue holds them all.
+async fn prepublish(env: &TestEnv, bodies: &[Vec<u8>], label: &str) {
+    let mut progress = Progress::new(label, bodies.len());
+    let mut confirms = futures_util::stream::iter(bodies.iter())
+        .map(|b| {
+            env.publisher
+                .publish(&env.names.requests, "", b, BasicProperties::default())
+        })
+        .buffer_unordered(512);
+    while let Some(r) = confirms.next().await {
+        r.expect("publish request");
+        progress.add(1);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while queued(env, &env.names.requests).await < bodies.len() {
+        assert!(Instant::now() < deadline, "requests queue never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One relayed message: publish, wait for its confirm, ack.
+type RelayOne =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), lapin::Error>> + Send>>;
+
+/// (a2): consumes the requests queue (quorum) with prefetch 1000 and republishes every
+/// delivery to the dispatch exchange, publisher-confirmed and mandatory as the worker does,
+/// acking after the confirm; all of it concurrently. Returns the elapsed time.
+async fn relay(env: &TestEnv, n: usize) -> Duration {
+    let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-relay")
+        .await
+        .expect("amqp connect");
+    let consume = conn.create_channel().await.expect("channel");
+    consume
+        .basic_qos(1000, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let publish = conn.create_channel().await.expect("channel");
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    let mut progress = Progress::new("a2 relay", n);
+    let began = Instant::now();
+    let mut consumer = consume
+        .basic_consume(
+            env.names.requests.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let mut in_flight: FuturesUnordered<RelayOne> = FuturesUnordered::new();
+    let mut done = 0usize;
+    while done < n {
+        tokio::select! {
+            biased;
+            Some(r) = in_flight.next(), if !in_flight.is_empty() => {
+                r.expect("relay one message");
+                done += 1;
+                progress.add(1);
+            }
+            d = consumer.next() => {
+                let delivery = d.expect("consumer ended").expect("delivery");
+                let channel = publish.clone();
+                let exchange = env.names.dispatch.clone();
+                in_flight.push(Box::pin(async move {
+                    let props = BasicProperties::default()
+                        .with_content_type("application/json".into())
+                        .with_delivery_mode(2);
+                    let confirm = channel
+                        .basic_publish(
+                            exchange.as_str().into(),
+                            "sms".into(),
+                            BasicPublishOptions { mandatory: true, ..Default::default() },
+                            &delivery.data,
+                            props,
+                        )
+                        .await?
+                        .await?;
+                    assert!(
+                        matches!(confirm, Confirmation::Ack(None)),
+                        "relay publish not confirmed and routed: {confirm:?}"
+                    );
+                    delivery.ack(BasicAckOptions::default()).await?;
+                    Ok(())
+                }));
+            }
+        }
+    }
+    let elapsed = began.elapsed();
+    drop(consumer);
+    // Close the consuming channel first so the broker has its acks before the connection goes.
+    let _ = consume.close(200, "relay done".into()).await;
+    let _ = conn.close(200, "relay done".into()).await;
+    elapsed
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker binary.
+
+/// Stops the child worker when dropped (also on panic).
+struct WorkerProcess(Child);
+
+impl WorkerProcess {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// SIGTERM, then wait for it to drain and exit.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.")
+        .then(|| head.contains(" 200 "))
+        .filter(|ok| *ok)
+        .map(|_| body.to_owned())
+}
+
+/// A Prometheus histogram's cumulative buckets (upper bound, count), summed over label sets.
+struct Histogram {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+fn histogram(metrics: &str, name: &str) -> Histogram {
+    let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    let (mut sum, mut count) = (0.0, 0.0);
+    let value = |line: &str| -> f64 {
+        line.rsplit(' ')
+            .next()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix(&format!("{name}_bucket")) {
+            let le = rest
+                .split("le=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .map(|s| {
+                    if s == "+Inf" {
+                        f64::INFINITY
+                    } else {
+                        s.parse().unwrap_or(f64::INFINITY)
+                    }
+                })
+                .unwrap_or(f64::INFINITY);
+            // Non-negative floats order like their bit patterns.
+            buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += value(line);
+        } else if line.starts_with(&format!("{name}_sum")) {
+            sum += value(line);
+        } else if line.starts_with(&format!("{name}_count")) {
+            count += value(line);
+        }
+    }
+    Histogram {
+        buckets: buckets.into_values().collect(),
+        sum,
+        count,
+    }
+}
+
+impl Histogram {
+    /// The q-quantile, interpolated linearly inside its bucket (as PromQL's
+    /// histogram_quantile); the last finite bound when it falls in the +Inf bucket.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let (mut lower, mut below) = (0.0, 0.0);
+        for &(le, cumulative) in &self.buckets {
+            if cumulative >= rank {
+                if le.is_infinite() {
+                    return Some(lower);
+                }
+                let share = if cumulative > below {
+                    (rank - below) / (cumulative - below)
+                } else {
+                    0.0
+                };
+                return Some(lower + (le - lower) * share);
+            }
+            lower = le;
+            below = cumulative;
+        }
+        Some(lower)
+    }
+}
+
+struct EndToEnd {
+    elapsed: Duration,
+    startup: Duration,
+    dispatched: usize,
+    denied: usize,
+    cpu_us_per_msg: f64,
+    hwm_kib: u64,
+    decision: Histogram,
+    dispatch: Histogram,
+    denial_write: Histogram,
+    /// Context switches of the worker's threads per message, and how many threads it has.
+    switches_per_msg: f64,
+    threads: usize,
+    /// Redis commands during the run: (command, calls per message, microseconds per message).
+    commands: Vec<(String, f64, f64)>,
+}
+
+/// Voluntary plus involuntary context switches over every thread of `pid`, and the threads.
+fn context_switches(pid: u32) -> (u64, usize) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    let mut total = 0;
+    let mut threads = 0;
+    for task in tasks.filter_map(Result::ok) {
+        threads += 1;
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    (total, threads)
+}
+
+/// (c)/(d): the worker binary decides `n` queued requests.
+async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuUse>) -> EndToEnd {
+    let config = std::env::temp_dir().join(format!("{}-perf.toml", env.namespace));
+    std::fs::write(&config, "[amqp]\nqueue_type = \"quorum\"\n").expect("write config");
+    let port = free_port();
+    let commands_before = command_stats(&mut procs.conn.clone()).await;
+    let before = procs.snap(None).await;
+    let began = Instant::now();
+    let worker = WorkerProcess(
+        Command::new(env!("CARGO_BIN_EXE_sendquota"))
+            .args([
+                "--config",
+                config.to_str().expect("utf-8 path"),
+                "worker",
+                "--now",
+                WORKER_NOW,
+            ])
+            .env("SENDQUOTA_NAMESPACE", &env.namespace)
+            .env("SENDQUOTA_REDIS_URL", support::redis_url())
+            .env("SENDQUOTA_AMQP_URL", support::amqp_url())
+            .env("SENDQUOTA_DATABASE_URL", &env.database_url)
+            .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SENDQUOTA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the worker binary"),
+    );
+    let pid = worker.pid();
+    let mut progress = Progress::new("c worker end to end", n);
+    let mut startup = None;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let done = queued(env, &env.dispatched_queue).await + denied(env).await;
+        if done > 0 && startup.is_none() {
+            startup = Some(began.elapsed());
+        }
+        if done >= n {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done}/{n} messages have an outcome after 300 s"
+        );
+        progress.add(done - progress.done);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = began.elapsed();
+    let after = procs.snap(Some(pid)).await;
+    let commands_after = command_stats(&mut procs.conn.clone()).await;
+    let hwm_kib = status_kib(pid, "VmHWM:");
+    let (switches, threads) = context_switches(pid);
+    let mut commands: Vec<(String, f64, f64)> = commands_after
+        .iter()
+        .map(|(name, &(calls, us))| {
+            let (calls0, us0) = commands_before.get(name).copied().unwrap_or((0, 0));
+            (
+                name.clone(),
+                calls.saturating_sub(calls0) as f64 / n as f64,
+                us.saturating_sub(us0) as f64 / n as f64,
+            )
+        })
+        .filter(|(_, calls, _)| *calls >= 0.01)
+        .collect();
+    commands.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let metrics = http_get(port, "/metrics").await.unwrap_or_default();
+    worker.stop();
+    let _ = std::fs::remove_file(&config);
+    let mut tally = Tally::default();
+    tally.add(before, after, n, 0, elapsed);
+    let cpu = cpu_use(procs, "c worker end to end", &tally);
+    let cpu_us_per_msg = cpu.worker;
+    usage.push(cpu);
+    if metrics.is_empty() {
+        eprintln!("[c] warning: could not scrape /metrics on port {port}");
+    }
+    EndToEnd {
+        elapsed,
+        startup: startup.unwrap_or(elapsed),
+        dispatched: queued(env, &env.dispatched_queue).await,
+        denied: denied(env).await,
+        cpu_us_per_msg,
+        hwm_kib,
+        decision: histogram(&metrics, sendquota::telemetry::DECISION_SECONDS),
+        dispatch: histogram(&metrics, sendquota::telemetry::DISPATCH_SECONDS),
+        denial_write: histogram(&metrics, sendquota::telemetry::DENIAL_WRITE_SECONDS),
+        switches_per_msg: switches as f64 / n as f64,
+        threads,
+        commands,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+
+struct Line {
+    figure: String,
+    value: String,
+    against: String,
+    ratio: String,
+    target: String,
+    verdict: &'static str,
+}
+
+fn line(
+    figure: &str,
+    value: String,
+    against: &str,
+    ratio: Option<f64>,
+    target: &str,
+    ok: Option<bool>,
+) -> Line {
+    Line {
+        figure: figure.to_owned(),
+        value,
+        against: against.to_owned(),
+        ratio: ratio.map_or_else(|| "-".to_owned(), |r| format!("{:.0}%", r * 100.0)),
+        target: target.to_owned(),
+        verdict: match ok {
+            Some(true) => "ok",
+            Some(false) => "MISS",
+            None => "",
+        },
+    }
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn ms(seconds: Option<f64>) -> String {
+    seconds.map_or_else(|| "n/a".to_owned(), |s| format!("{:.2} ms", s * 1e3))
+}
+
+/// Greatest common divisor, for a stride that visits every pool index once.
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// A stride near 0.618 * n that is coprime to n: `j * stride % n` scatters j over the pool
+/// without repeats.
+fn scatter_stride(n: usize) -> usize {
+    let mut s = (n as f64 * 0.618) as usize | 1;
+    while gcd(s, n) != 1 {
+        s += 2;
+    }
+    s.max(1)
+}
+
+/// The ceiling (a1) and the decision path (b) run in this many alternating slices, and so do
+/// the two pools of (e), so that background load on a shared machine hits both sides alike.
+const SLICES: usize = 4;
+
+/// (a2) once: queue the bodies, relay them, check they all reached the sink, empty it and
+/// the requests queue. Returns the rate, how many messages the broker put back in the
+/// requests queue after the relay closed its channel although every delivery had been acked,
+/// and how many more than `bodies` reached the sink (deliveries seen twice).
+async fn relay_run(
+    env: &TestEnv,
+    bodies: &[Vec<u8>],
+    procs: &Procs,
+    tally: &mut Tally,
+) -> (f64, usize, usize) {
+    let m = bodies.len();
+    prepublish(env, bodies, "a2 pre-publish").await;
+    let before = procs.snap(None).await;
+    let took = relay(env, m).await;
+    tally.add(before, procs.snap(None).await, m, 0, took);
+    let routed = queued(env, &env.dispatched_queue).await;
+    assert!(
+        routed >= m,
+        "the relay lost messages: {routed} of {m} routed"
+    );
+    let mut returned = 0;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        returned = queued(env, &env.names.requests).await;
+        if returned > 0 {
+            break;
+        }
+    }
+    for queue in [&env.dispatched_queue, &env.names.requests] {
+        env.channel
+            .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+            .await
+            .expect("purge");
+    }
+    (rate(m, took), returned, routed - m)
+}
+
+#[tokio::main]
+async fn main() {
+    let args = args();
+    let started = Instant::now();
+    eprintln!(
+        "perf: {} decisions per decision phase, {} messages per broker phase, {} recipients' \
+         keys, pools of {} and {} recipients ({} decisions each)",
+        args.decisions,
+        args.messages,
+        args.recipients,
+        args.small_recipients,
+        args.recipients,
+        args.pool_decisions
+    );
+    let mut lines: Vec<Line> = Vec::new();
+    let mut usage: Vec<CpuUse> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let base = instant(BASE);
+    let at = |i: usize| base + chrono::Duration::milliseconds(i as i64);
+    let concurrency = args.concurrency;
+
+    let mut plain = multiplexed().await;
+    let procs = Procs::find(&mut plain).await;
+    let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+    let ns = env.namespace.clone();
+    let pattern = format!("{ns}:*");
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SOURCE)
+        .query_async(&mut plain)
+        .await
+        .expect("SCRIPT LOAD");
+    assert_eq!(sha, SCRIPT.get_hash(), "SOURCE and SCRIPT disagree");
+    let lua = LuaLoop {
+        conn: plain.clone(),
+        sha,
+        namespace: ns.clone(),
+        pipeline: args.pipeline,
+        in_flight: args.in_flight,
+    };
+    let limiter = Limiter::new(env.redis.clone(), &ns);
+    let headline = Arc::new(policy(""));
+    let n = args.decisions;
+    let slice = n / SLICES;
+
+    // Warm-up: the first keys Redis (and this process) allocate fault their pages in, which on
+    // a VM costs more than the decisions themselves. One slice of each side, then dropped.
+    let warm_messages: Vec<SendRequest> = (0..slice)
+        .map(|i| decode(&format!("xm{i}"), &format!("x{}", i / 2)))
+        .collect();
+    let mut warm = Progress::new("warm-up, discarded", 2 * slice);
+    lua.run(&mut warm, 0..slice, "w", base, |i| i / 2).await;
+    evaluate_all(
+        &mut warm,
+        &limiter,
+        &headline,
+        &warm_messages,
+        0..slice,
+        at,
+        concurrency,
+    )
+    .await;
+    drop(warm_messages);
+    purge(&mut plain, &pattern, "warm-up cleanup").await;
+
+    // (a1) the script's ceiling and (b) the decision path, in alternating slices.
+    let messages: Vec<SendRequest> = (0..n)
+        .map(|i| decode(&format!("bm{i}"), &format!("b{}", i / 2)))
+        .collect();
+    let mut progress_a1 = Progress::new("a1 bare pipelined EVALSHA", n);
+    let mut progress_b = Progress::new("b decision path, headline", n);
+    let (mut a1, mut b_headline) = (Tally::default(), Tally::default());
+    for k in 0..SLICES {
+        let range = k * slice..(k + 1) * slice;
+        let before = procs.snap(None).await;
+        let (allowed, took) = lua
+            .run(&mut progress_a1, range.clone(), "a", base, |i| i / 2)
+            .await;
+        let middle = procs.snap(None).await;
+        a1.add(before, middle, slice, allowed, took);
+        let (allowed, took) = evaluate_all(
+            &mut progress_b,
+            &limiter,
+            &headline,
+            &messages,
+            range,
+            at,
+            concurrency,
+        )
+        .await;
+        b_headline.add(middle, procs.snap(None).await, slice, allowed, took);
+    }
+    // The loop's keys and arguments are the limiter's: the limiter reads what the loop wrote.
+    let seen = limiter
+        .evaluate(&headline, &decode("probe", "a0"), base, false)
+        .await
+        .expect("probe");
+    assert!(
+        !seen.verdicts[0].allowed && seen.verdicts[0].remaining == Some(0),
+        "the bare loop's state is not what the limiter reads: {seen:?}"
+    );
+    usage.push(cpu_use(&procs, "a1 bare pipelined EVALSHA", &a1));
+    usage.push(cpu_use(
+        &procs,
+        "b Limiter::evaluate, headline",
+        &b_headline,
+    ));
+    let a1_rate = a1.rate();
+    let b_rate = b_headline.rate();
+    lines.push(line(
+        "(a1) ceiling: pipelined EVALSHA, headline",
+        format!("{a1_rate:.0} dec/s"),
+        "",
+        None,
+        &format!(
+            "{:.0}% allowed; pipelines of {}, {} in flight",
+            a1.allowed_pct(),
+            args.pipeline,
+            args.in_flight
+        ),
+        None,
+    ));
+    lines.push(line(
+        "(b) decision path, headline alone",
+        format!("{b_rate:.0} dec/s"),
+        "(a1)",
+        Some(b_rate / a1_rate),
+        &format!(
+            ">= {:.0}% ({:.0}% allowed, {concurrency} concurrent)",
+            DECISION_PATH_MIN_RATIO * 100.0,
+            b_headline.allowed_pct()
+        ),
+        Some(b_rate / a1_rate >= DECISION_PATH_MIN_RATIO),
+    ));
+    purge(&mut plain, &pattern, "b cleanup").await;
+
+    let three = Arc::new(policy(THREE_RULES));
+    let mut progress = Progress::new("b decision path, headline + gcra + sliding_window", n);
+    let mut b_three = Tally::default();
+    let before = procs.snap(None).await;
+    let (allowed, took) = evaluate_all(
+        &mut progress,
+        &limiter,
+        &three,
+        &messages,
+        0..n,
+        at,
+        concurrency,
+    )
+    .await;
+    b_three.add(before, procs.snap(None).await, n, allowed, took);
+    usage.push(cpu_use(&procs, "b Limiter::evaluate, 3 rules", &b_three));
+    lines.push(line(
+        "(b) decision path, + channel gcra + sliding_window",
+        format!("{:.0} dec/s", b_three.rate()),
+        "(a1)",
+        Some(b_three.rate() / a1_rate),
+        &format!(
+            "info ({:.0}% allowed, 2 script calls/decision)",
+            b_three.allowed_pct()
+        ),
+        None,
+    ));
+    purge(&mut plain, &pattern, "b cleanup").await;
+    drop(messages);
+
+    // (a2) the broker's ceiling, on the worker's topology (quorum requests queue -> dispatch
+    // exchange -> the sink queue) in its own namespace, run before and after (c).
+    let m = args.messages;
+    let bodies = bodies(m);
+    let relay_env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+    let mut a2 = Tally::default();
+    let (first_relay, returned_first, extra_first) =
+        relay_run(&relay_env, &bodies, &procs, &mut a2).await;
+
+    // (c) and (d) the worker binary end to end.
+    let e2e = {
+        let worker_env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+        prepublish(&worker_env, &bodies, "c pre-publish").await;
+        let e2e = end_to_end(&worker_env, m, &procs, &mut usage).await;
+        let mut conn = multiplexed().await;
+        purge(
+            &mut conn,
+            &format!("{}:*", worker_env.namespace),
+            "c cleanup",
+        )
+        .await;
+        e2e
+    };
+    let (second_relay, returned_second, extra_second) =
+        relay_run(&relay_env, &bodies, &procs, &mut a2).await;
+    if returned_first + returned_second + extra_first + extra_second > 0 {
+        notes.push(format!(
+            "(a2) after each relay acked all {m} deliveries and closed its channel, the broker \
+             put {returned_first} and {returned_second} messages back in the quorum queue \
+             (purged); the sink received {extra_first} and {extra_second} more than {m}"
+        ));
+    }
+    drop(relay_env);
+    drop(bodies);
+    usage.insert(
+        usage.len() - 1,
+        cpu_use(&procs, "a2 no-work relay (quorum), 2 runs", &a2),
+    );
+    let a2_rate = a2.rate();
+    let c = rate(m, e2e.elapsed);
+    lines.push(line(
+        "(a2) ceiling: no-work relay, quorum queue",
+        format!("{a2_rate:.0} msgs/s"),
+        "",
+        None,
+        &format!("runs before/after (c): {first_relay:.0} / {second_relay:.0} msgs/s"),
+        None,
+    ));
+    lines.push(line(
+        "(c) worker binary end to end",
+        format!("{c:.0} msgs/s"),
+        "(a2)",
+        Some(c / a2_rate),
+        &format!(
+            ">= {:.0}% ({} dispatched, {} denied)",
+            END_TO_END_MIN_RATIO * 100.0,
+            e2e.dispatched,
+            e2e.denied
+        ),
+        Some(c / a2_rate >= END_TO_END_MIN_RATIO),
+    ));
+    lines.push(line(
+        "(c) decision latency p50 / p99",
+        format!(
+            "{} / {}",
+            ms(e2e.decision.quantile(0.5)),
+            ms(e2e.decision.quantile(0.99))
+        ),
+        "",
+        None,
+        &format!(
+            "mean {}, {} samples",
+            ms((e2e.decision.count > 0.0).then(|| e2e.decision.sum / e2e.decision.count)),
+            e2e.decision.count
+        ),
+        None,
+    ));
+    lines.push(line(
+        "(d) worker CPU per message",
+        format!("{:.1} us", e2e.cpu_us_per_msg),
+        "target",
+        Some(e2e.cpu_us_per_msg / CPU_MAX_US_PER_MSG),
+        &format!("<= {CPU_MAX_US_PER_MSG:.0} us"),
+        Some(e2e.cpu_us_per_msg <= CPU_MAX_US_PER_MSG),
+    ));
+    let rss_mib = e2e.hwm_kib as f64 / 1024.0;
+    lines.push(line(
+        "(d) worker peak RSS (VmHWM)",
+        format!("{rss_mib:.1} MiB"),
+        "target",
+        Some(rss_mib / RSS_MAX_MIB),
+        &format!("<= {RSS_MAX_MIB:.0} MiB"),
+        Some(rss_mib <= RSS_MAX_MIB),
+    ));
+    notes.push(format!(
+        "(d) the worker's {} threads made {:.1} context switches per message",
+        e2e.threads, e2e.switches_per_msg
+    ));
+    notes.push(format!(
+        "(c) Redis commands per message, server-wide (calls, us executing; EVALSHA's time \
+         includes the commands its script runs, listed too): {}",
+        e2e.commands
+            .iter()
+            .map(|(name, calls, us)| format!("{name} {calls:.2} x, {us:.1} us"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
+    notes.push(format!(
+        "(c) first outcome {:.0} ms after spawn (process start, connections, topology); \
+         dispatch publish+confirm p50/p99 {} / {}; denial write p50/p99 {} / {}",
+        e2e.startup.as_secs_f64() * 1e3,
+        ms(e2e.dispatch.quantile(0.5)),
+        ms(e2e.dispatch.quantile(0.99)),
+        ms(e2e.denial_write.quantile(0.5)),
+        ms(e2e.denial_write.quantile(0.99)),
+    ));
+
+    // (e) Scale. Pre-populate the recipients' headline keys with the bare loop, one send each
+    // PREPOPULATE_DAYS_BEFORE days before the measured day; then run the decision path over
+    // two disjoint pools drawn from them, in alternating slices: the small pool in rounds
+    // PREPOPULATE_DAYS_BEFORE days apart (each recipient twice per round), the large pool
+    // once (each recipient twice). Every measured recipient has one earlier send in its window
+    // and gets one admitted and one denied message, so both pools take the same script paths.
+    let big = args.recipients;
+    let small = args.small_recipients;
+    let pool_n = args.pool_decisions;
+    let round = 2 * small;
+    let prepop_at = base - chrono::Duration::days(PREPOPULATE_DAYS_BEFORE);
+    let memory_before = used_memory(&mut plain).await;
+    let mut progress = Progress::new("e pre-populate (bare loop)", big);
+    let before = procs.snap(None).await;
+    let (_, took) = lua.run(&mut progress, 0..big, "u", prepop_at, |i| i).await;
+    let mut prepopulate = Tally::default();
+    prepopulate.add(before, procs.snap(None).await, big, big, took);
+    usage.push(cpu_use(
+        &procs,
+        "e pre-populate (bare EVALSHA, all admitted)",
+        &prepopulate,
+    ));
+    let memory_after = used_memory(&mut plain).await;
+    let stride = scatter_stride(big);
+    let drawn = |j: usize| format!("u{}", j * stride % big);
+    // MEMORY USAGE over a sample of the headline keys, each with one admitted send.
+    let sample = args.sample.min(big);
+    let mut pipe = redis::pipe();
+    for j in 0..sample {
+        pipe.cmd("MEMORY")
+            .arg("USAGE")
+            .arg(headline_key(&ns, &drawn(big - 1 - j)))
+            .arg("SAMPLES")
+            .arg(0);
+    }
+    let sizes: Vec<Option<u64>> = pipe.query_async(&mut plain).await.expect("MEMORY USAGE");
+    let found: Vec<u64> = sizes.into_iter().flatten().collect();
+    let bytes = found.iter().sum::<u64>() as f64 / found.len().max(1) as f64;
+    lines.push(line(
+        "(e) Redis MEMORY USAGE per active recipient",
+        format!("{bytes:.0} B"),
+        "target",
+        Some(bytes / BYTES_MAX_PER_RECIPIENT),
+        &format!(
+            "<= {BYTES_MAX_PER_RECIPIENT:.0} B (mean of {} keys, 1 send each)",
+            found.len()
+        ),
+        Some(bytes <= BYTES_MAX_PER_RECIPIENT),
+    ));
+    notes.push(format!(
+        "(e) INFO used_memory grew {:.1} MiB for {big} recipients: {:.0} B per recipient, \
+         counting the keyspace and expires dictionaries that MEMORY USAGE leaves out",
+        (memory_after - memory_before) as f64 / 1048576.0,
+        (memory_after - memory_before) as f64 / big as f64
+    ));
+
+    let half = pool_n / 2;
+    let large_messages: Vec<SendRequest> = (0..pool_n)
+        .map(|i| decode(&format!("ue{i}"), &drawn(i / 2)))
+        .collect();
+    let small_messages: Vec<SendRequest> = (0..pool_n)
+        .map(|i| {
+            decode(
+                &format!("s{}m{i}", i / round),
+                &drawn(half + (i % round) / 2),
+            )
+        })
+        .collect();
+    let small_at = |i: usize| {
+        base + chrono::Duration::days(PREPOPULATE_DAYS_BEFORE * (i / round) as i64)
+            + chrono::Duration::milliseconds((i % round) as i64)
+    };
+    let mut progress_small = Progress::new("e decision path, small pool", pool_n);
+    let mut progress_large = Progress::new("e decision path, large pool", pool_n);
+    let (mut e_small, mut e_large) = (Tally::default(), Tally::default());
+    for k in 0..pool_n / round {
+        let range = k * round..(k + 1) * round;
+        let before = procs.snap(None).await;
+        let (allowed, took) = evaluate_all(
+            &mut progress_small,
+            &limiter,
+            &headline,
+            &small_messages,
+            range.clone(),
+            small_at,
+            concurrency,
+        )
+        .await;
+        let middle = procs.snap(None).await;
+        e_small.add(before, middle, round, allowed, took);
+        let (allowed, took) = evaluate_all(
+            &mut progress_large,
+            &limiter,
+            &headline,
+            &large_messages,
+            range,
+            at,
+            concurrency,
+        )
+        .await;
+        e_large.add(middle, procs.snap(None).await, round, allowed, took);
+    }
+    drop(small_messages);
+    drop(large_messages);
+    assert_eq!(
+        e_small.allowed, e_large.allowed,
+        "the two pools took different script paths"
+    );
+    usage.push(cpu_use(
+        &procs,
+        &format!("e evaluate, pool of {small}"),
+        &e_small,
+    ));
+    usage.push(cpu_use(
+        &procs,
+        &format!("e evaluate, pool of {big}"),
+        &e_large,
+    ));
+    let (small_rate, large_rate) = (e_small.rate(), e_large.rate());
+    lines.push(line(
+        &format!("(e) decision path, {small} recipients"),
+        format!("{small_rate:.0} dec/s"),
+        "",
+        None,
+        &format!(
+            "{:.0}% allowed, {} rounds of 2 per recipient",
+            e_small.allowed_pct(),
+            pool_n / round
+        ),
+        None,
+    ));
+    lines.push(line(
+        &format!("(e) decision path, {big} recipients"),
+        format!("{large_rate:.0} dec/s"),
+        "small",
+        Some(large_rate / small_rate),
+        &format!(
+            ">= {:.0}% ({:.0}% allowed, {} keys in Redis)",
+            (1.0 - SCALE_MAX_LOSS) * 100.0,
+            e_large.allowed_pct(),
+            big
+        ),
+        Some(large_rate / small_rate >= 1.0 - SCALE_MAX_LOSS),
+    ));
+    let removed = purge(&mut plain, &pattern, "e cleanup").await;
+    eprintln!("[e cleanup] unlinked {removed} keys");
+    drop(env);
+
+    // Report.
+    println!();
+    println!(
+        "sendquota perf ({} s): {n} decisions per decision phase, {m} messages per broker \
+         phase, {big} recipients' keys",
+        started.elapsed().as_secs()
+    );
+    println!(
+        "{:<50} {:>18} {:>9} {:>6}  target / detail",
+        "figure", "value", "vs", "ratio"
+    );
+    for l in &lines {
+        println!(
+            "{:<50} {:>18} {:>9} {:>6}  {:<50} {}",
+            l.figure, l.value, l.against, l.ratio, l.target, l.verdict
+        );
+    }
+    println!();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "Microseconds per operation: wall time, then CPU time by process ({cores} cores = \
+         {cores} CPU-us per wall-us; 'other' = every other process, e.g. a build; 'idle' = \
+         unused); '(lua)' = time Redis spent inside EVALSHA (INFO commandstats: elapsed, so it \
+         exceeds redis' CPU when Redis is descheduled); redis minus (lua) is protocol and \
+         socket work; 'r-sw' = Redis context switches per operation (how often it sleeps and \
+         wakes). Redis figures are server-wide: other clients of this Redis count too."
+    );
+    println!(
+        "{:<46} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
+        "phase",
+        "ops",
+        "wall",
+        "bench",
+        "redis",
+        "(lua)",
+        "rabbit",
+        "pg",
+        "worker",
+        "other",
+        "idle",
+        "r-sw"
+    );
+    for u in &usage {
+        println!(
+            "{:<46} {:>8} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} \
+             {:>6.2}",
+            u.phase,
+            u.ops,
+            u.wall,
+            u.bench,
+            u.redis,
+            u.lua,
+            u.rabbit,
+            u.postgres,
+            u.worker,
+            u.other,
+            u.idle,
+            u.redis_switches
+        );
+    }
+    let disturbed: Vec<&str> = usage
+        .iter()
+        .filter(|u| u.other > 0.15 * u.wall * cores as f64)
+        .map(|u| u.phase.as_str())
+        .collect();
+    if !disturbed.is_empty() {
+        println!(
+            "warning: other processes used over 15% of the machine during: {}; those figures \
+             are understated",
+            disturbed.join(", ")
+        );
+    }
+    println!();
+    for note in &notes {
+        println!("{note}");
+    }
+}
