@@ -17,8 +17,9 @@ use sendquota::clock::ManualClock;
 use sendquota::denials::{DenialFilter, DenialStore};
 use sendquota::limiter::keys::{encode, rule_key, scope_tag};
 use sendquota::policy::ScopeValue;
+use support::http::http;
+use support::private::free_port;
 use support::{local, TestEnv};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 // ---------------------------------------------------------------------------------------------
 // Secrets never appear in errors or logs
@@ -754,48 +755,6 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
 
 const TOKEN: &str = "test-token-0123456789abcdef";
 const OTHER_TOKEN: &str = "Second-Token-ZYXWVUTSRQ9876";
-
-struct Reply {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-/// One HTTP/1.1 request over a fresh connection (as in tests/admin_api.rs).
-async fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> Reply {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the admin API");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("send request");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read response");
-    let text = String::from_utf8(raw).expect("utf-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("headers and body");
-    let status = head[9..12].parse().expect("status code");
-    Reply {
-        status,
-        headers: head.to_owned(),
-        body: body.to_owned(),
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 /// Flips the case of the character at `at`.
 fn flip_case_at(token: &str, at: usize) -> String {

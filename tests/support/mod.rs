@@ -4,6 +4,7 @@
 //! starts it.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod private;
 
 use std::collections::HashMap;
