@@ -29,20 +29,6 @@ const KINDS: [(&str, &str); 10] = [
     ("quiet_hours", "kind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\""),
 ];
 
-fn flag(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                eprintln!("{name} takes a whole number");
-                std::process::exit(2)
-            }),
-        None => default,
-    }
-}
-
 fn policy(rule: &str) -> Policy {
     Settings::from_toml(&format!("[[rules]]\nname = \"r\"\n{rule}\n"), |_| None)
         .expect("bench policy is valid")
@@ -87,9 +73,9 @@ async fn run(
 
 #[tokio::main]
 async fn main() {
-    let n = flag("--decisions", 50_000);
-    let concurrency = flag("--concurrency", 128);
-    let recipients = flag("--recipients", 10_000);
+    let n = support::flag("--decisions", 50_000);
+    let concurrency = support::flag("--concurrency", 128);
+    let recipients = support::flag("--recipients", 10_000);
     let redis = support::connect_redis(&support::single_settings()).await;
     let namespace = support::unique("sqtbench");
     let limiter = Limiter::new(redis.clone(), &namespace);

@@ -10,23 +10,9 @@ use sendquota::denials::{DenialFilter, DenialStore};
 use sendquota::replay::{replay, ReplayOptions};
 use support::TestEnv;
 
-fn denials_flag() -> i64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == "--denials")
-        .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse().unwrap_or_else(|_| {
-                eprintln!("--denials takes a whole number");
-                std::process::exit(2)
-            })
-        })
-        .unwrap_or(5_000)
-}
-
 #[tokio::main]
 async fn main() {
-    let n = denials_flag();
+    let n: i64 = support::flag("--denials", 5_000);
     println!("{n} denials per run, local Postgres and RabbitMQ (classic queue)");
     for batch in [1i64, 100] {
         let env = TestEnv::new().await;

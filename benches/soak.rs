@@ -12,20 +12,6 @@ use std::time::{Duration, Instant};
 
 use support::{request, TestEnv};
 
-fn flag(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                eprintln!("{name} takes a whole number");
-                std::process::exit(2)
-            }),
-        None => default,
-    }
-}
-
 /// Resident set size of `pid` in KiB, from /proc.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -41,8 +27,8 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[tokio::main]
 async fn main() {
-    let seconds = flag("--seconds", 300);
-    let rate = flag("--rate", 1_000);
+    let seconds = support::flag("--seconds", 300);
+    let rate = support::flag("--rate", 1_000);
     let env = TestEnv::with_queue_type("", sendquota::config::QueueType::Quorum).await;
     let config = std::env::temp_dir().join(format!("{}-soak.toml", env.namespace));
     std::fs::write(&config, "[amqp]\nqueue_type = \"quorum\"\n").expect("config");

@@ -25,21 +25,7 @@ async fn admin_env() -> (TestEnv, ManualClock, u16) {
     }];
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(Ok(_)) = tokio::time::timeout(
-            Duration::from_millis(200),
-            tokio::net::TcpStream::connect(("127.0.0.1", port)),
-        )
-        .await
-        {
-            if http(port, "GET", "/readyz", None, "").await.status == 200 {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "the admin API became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::http::wait_until_ready(port).await;
     (env, clock, port)
 }
 

@@ -790,21 +790,7 @@ async fn v1_accepts_only_an_exact_token_not_a_prefix_extension_or_case_variant()
     ];
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(Ok(_)) = tokio::time::timeout(
-            Duration::from_millis(200),
-            tokio::net::TcpStream::connect(("127.0.0.1", port)),
-        )
-        .await
-        {
-            if http(port, "GET", "/readyz", None, "").await.status == 200 {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "the admin API became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::http::wait_until_ready(port).await;
 
     // alice has state, so a reset that got through would show.
     let mut seen = HashMap::new();

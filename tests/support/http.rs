@@ -1,6 +1,8 @@
 //! A minimal HTTP/1.1 client for the admin API tests: one request per connection, no
 //! dependency beyond tokio.
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -65,4 +67,23 @@ fn dechunk(mut body: &str) -> String {
         body = &rest[n + 2..];
     }
     out
+}
+
+/// Waits until the worker's admin API on `port` answers `/readyz` with 200 (at most 10 s).
+pub async fn wait_until_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Ok(_)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(("127.0.0.1", port)),
+        )
+        .await
+        {
+            if http(port, "GET", "/readyz", None, "").await.status == 200 {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the admin API became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -595,3 +595,18 @@ pub async fn delete_keys(conn: &mut RedisConn, pattern: &str) {
         }
     }
 }
+
+/// A bench's `--name VALUE` argument, or `default`; exits 2 with a clear line on a bad value.
+pub fn flag<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                eprintln!("{name} takes a number");
+                std::process::exit(2)
+            }),
+        None => default,
+    }
+}
