@@ -17,6 +17,7 @@
 //! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice),
 //! `denials` (the Postgres history operators query), `cli` (the `sendquota` command).
 
+pub mod acks;
 pub mod admin;
 pub mod broker;
 pub mod cli;

@@ -84,6 +84,8 @@ pub struct Pipeline {
     pub max_body_bytes: usize,
     /// A deliberate stop for crash tests; `None` in production.
     pub failpoint: Option<Failpoint>,
+    /// The per-message metrics, registered at start.
+    pub metrics: telemetry::MessageMetrics,
 }
 
 impl Pipeline {
@@ -104,12 +106,12 @@ impl Pipeline {
                     .publish("", &self.names.invalid, body, props)
                     .await?;
                 metrics::counter!(telemetry::INVALID).increment(1);
-                metrics::counter!(telemetry::DECISIONS, "outcome" => "invalid").increment(1);
+                self.metrics.outcome("invalid");
                 return Ok(Handled::Invalid { reason });
             }
         };
         if self.sent.is_sent(&message.id).await? {
-            metrics::counter!(telemetry::DECISIONS, "outcome" => "duplicate").increment(1);
+            self.metrics.outcome("duplicate");
             return Ok(Handled::Duplicate);
         }
         let now = self.clock.now();
@@ -120,14 +122,14 @@ impl Pipeline {
             .limiter
             .evaluate(&self.policy, &message, now, true)
             .await?;
-        metrics::histogram!(telemetry::DECISION_SECONDS).record(started.elapsed().as_secs_f64());
+        self.metrics
+            .decision_seconds
+            .record(started.elapsed().as_secs_f64());
         for v in &evaluation.verdicts {
-            let verdict = if v.allowed { "allow" } else { "deny" };
-            metrics::counter!(telemetry::RULE_VERDICTS, "rule" => v.rule.clone(), "verdict" => verdict)
-                .increment(1);
+            self.metrics.verdict(&v.rule, v.allowed);
         }
         let outcome = decision::decide(&evaluation.verdicts);
-        metrics::counter!(telemetry::DECISIONS, "outcome" => outcome.name().as_str()).increment(1);
+        self.metrics.outcome(outcome.name().as_str());
         match outcome {
             Outcome::Allow { shadow_refusals } => {
                 for verdict in &shadow_refusals {
@@ -143,7 +145,8 @@ impl Pipeline {
                 publisher
                     .publish(&self.names.dispatch, &message.channel, body, props)
                     .await?;
-                metrics::histogram!(telemetry::DISPATCH_SECONDS)
+                self.metrics
+                    .dispatch_seconds
                     .record(started.elapsed().as_secs_f64());
                 self.sent.mark(&message.id).await?;
                 Ok(Handled::Dispatched {
@@ -191,7 +194,8 @@ impl Pipeline {
                 replay_of,
             }))
             .await?;
-        metrics::histogram!(telemetry::DENIAL_WRITE_SECONDS)
+        self.metrics
+            .denial_write_seconds
             .record(started.elapsed().as_secs_f64());
         Ok(())
     }

@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, warn};
 
+use crate::acks::Settler;
 use crate::admin::{self, AdminState, Health};
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
@@ -126,6 +127,9 @@ pub async fn run(
         names: Names::new(&settings.namespace),
         max_body_bytes: settings.worker.max_body_bytes,
         failpoint,
+        metrics: telemetry::MessageMetrics::register(
+            settings.policy.rules.iter().map(|r| r.name.as_str()),
+        ),
     });
     // Histogram samples wait in the recorder until drained; without upkeep they would grow
     // with every message between scrapes.
@@ -204,6 +208,7 @@ async fn session(
     info!(queue = %pipeline.names.requests, "consuming");
     health.set_consuming(true);
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
+    let (settler, settling) = Settler::spawn(channel.clone());
     let mut watchdog =
         tokio::time::interval(Duration::from_millis(settings.worker.watchdog_interval_ms));
     watchdog.tick().await;
@@ -243,6 +248,7 @@ async fn session(
                     let task = Task {
                         pipeline: pipeline.clone(),
                         publisher: publisher.clone(),
+                        settler: settler.clone(),
                         backoff: Backoff::new(&settings.worker),
                         stop: stop.clone(),
                     };
@@ -266,6 +272,13 @@ async fn session(
     if drained.is_err() {
         warn!("in-flight messages did not finish in time; they return to the queue unacked");
     }
+    settler.finish();
+    if tokio::time::timeout(broker::BROKER_TIMEOUT, settling)
+        .await
+        .is_err()
+    {
+        warn!("acks still owed could not be sent in time; the broker redelivers");
+    }
     let _ = tokio::time::timeout(
         broker::BROKER_TIMEOUT,
         connection.close(200, "worker stopping".into()),
@@ -278,30 +291,29 @@ async fn session(
 struct Task {
     pipeline: Arc<Pipeline>,
     publisher: Publisher,
+    settler: Settler,
     backoff: Backoff,
     stop: watch::Receiver<bool>,
 }
 
 impl Task {
-    /// Handles the delivery until its outcome is durable, then acks. Retries on service
-    /// failures; gives up (leaving the message to be redelivered) when the channel is gone or
-    /// the worker is stopping.
+    /// Handles the delivery until its outcome is durable, then hands it to the settler to be
+    /// acked. Retries on service failures; gives up (the message goes back to the queue) when
+    /// the channel is gone or the worker is stopping.
     async fn process(mut self, delivery: Delivery) {
         loop {
-            let handled = self
-                .pipeline
-                .handle(&self.publisher, &delivery.data, &delivery.properties)
-                .await;
+            // Boxed: the decision's state machine is kilobytes, and a task's future is moved
+            // whole when it is spawned and when it completes.
+            let handled = Box::pin(self.pipeline.handle(
+                &self.publisher,
+                &delivery.data,
+                &delivery.properties,
+            ))
+            .await;
             match handled {
                 Ok(handled) => {
                     log_handled(&delivery, &handled);
-                    let ack = delivery.ack(BasicAckOptions::default());
-                    match tokio::time::timeout(broker::BROKER_TIMEOUT, ack).await {
-                        Ok(Ok(true)) => {}
-                        Ok(Ok(false)) => warn!("ack dropped: channel gone; the broker redelivers"),
-                        Ok(Err(e)) => warn!(error = %e, "ack failed; the broker redelivers"),
-                        Err(_) => warn!("ack timed out; the broker redelivers"),
-                    }
+                    self.settler.ack(delivery.delivery_tag);
                     return;
                 }
                 Err(e) => {
@@ -310,13 +322,7 @@ impl Task {
                     if retry_is_pointless(&e, &self.publisher)
                         || sleep_or_stop(wait, &self.stop).await
                     {
-                        let requeue = BasicNackOptions {
-                            requeue: true,
-                            multiple: false,
-                        };
-                        let _ =
-                            tokio::time::timeout(broker::BROKER_TIMEOUT, delivery.nack(requeue))
-                                .await;
+                        self.settler.requeue(delivery.delivery_tag);
                         return;
                     }
                 }

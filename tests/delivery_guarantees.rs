@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use sendquota::clock::ManualClock;
+use sendquota::worker::Failpoint;
 use support::{local, request, TestEnv};
 
 fn headline_key(env: &TestEnv, recipient_tag: &str) -> String {
@@ -148,4 +149,59 @@ async fn a_worker_killed_after_redis_admitted_a_message_dispatches_it_once_after
     assert_eq!(seen.get("crash"), Some(&1));
     assert_eq!(members(&env, &key).await, ["crash"], "quota consumed once");
     assert!(env.denials().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_message_stuck_in_flight_does_not_hold_back_the_acks_of_the_messages_behind_it() {
+    let mut env = TestEnv::new().await;
+    // At most 4 unacked deliveries: if the finished ones waited for the stuck one to be acked
+    // with it, the broker would stop delivering after the 4th and the rest would never be decided.
+    env.settings.worker.concurrency = 4;
+    env.settings.amqp.prefetch = 4;
+    env.settings.worker.shutdown_timeout_ms = 200;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker_with(&clock, Some(Failpoint::HangAfterAdmit));
+    let ids: Vec<String> = (0..21).map(|i| format!("m{i}")).collect();
+    for id in &ids {
+        env.publish(&request(id, "alice", "UTC")).await;
+    }
+    // The first one admitted hangs; every other one is denied (alice's day is full).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.denials().await.len() < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 20 denials within 10 s",
+            env.denials().await.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.stop_worker().await;
+    let mut denied: Vec<String> = env
+        .denials()
+        .await
+        .into_iter()
+        .map(|d| d.message_id)
+        .collect();
+    let stuck: Vec<String> = env
+        .drain(&env.names.requests)
+        .await
+        .iter()
+        .map(|m| {
+            let v: serde_json::Value = serde_json::from_slice(&m.delivery.data).expect("JSON");
+            v["id"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    assert_eq!(
+        stuck.len(),
+        1,
+        "only the stuck message goes back to the queue: {stuck:?}"
+    );
+    assert_eq!(
+        members(&env, &headline_key(&env, "alice")).await,
+        stuck,
+        "the message back in the queue is the one admitted"
+    );
+    denied.extend(stuck);
+    denied.sort_by_key(|id| id[1..].parse::<u32>().expect("number"));
+    assert_eq!(denied, ids, "every message has exactly one outcome");
 }

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use sendquota::denials::{DenialFilter, DenialStore};
+use sendquota::denials::{DenialFilter, DenialRow, DenialStore};
 use support::TestEnv;
 
 async fn partitions(env: &TestEnv) -> Vec<String> {
@@ -168,12 +168,14 @@ async fn prune_drops_whole_partitions_older_than_the_age_and_keeps_the_rest() {
     }
 }
 
-#[tokio::test]
-async fn a_batch_records_each_event_once_even_when_it_holds_the_event_twice() {
-    use sendquota::denials::DenialRow;
-    let env = TestEnv::new().await;
-    let store = DenialStore::from_pool(env.pool.clone());
-    let row = |id: &str, rule: &str, replay_of: Option<i64>| DenialRow {
+/// A denial of message `id` by `rule` at `denied_at` (a replay's denial with `replay_of`).
+fn row(
+    id: &str,
+    rule: &str,
+    replay_of: Option<i64>,
+    denied_at: chrono::DateTime<Utc>,
+) -> DenialRow {
+    DenialRow {
         message_id: id.to_owned(),
         recipient: "alice".to_owned(),
         channel: "sms".to_owned(),
@@ -184,21 +186,35 @@ async fn a_batch_records_each_event_once_even_when_it_holds_the_event_twice() {
         shadow: false,
         retry_after: None,
         message: serde_json::json!({ "id": id }),
-        denied_at: Utc::now(),
+        denied_at,
         replay_of,
-    };
+    }
+}
+
+async fn count_rows(env: &TestEnv) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM denials")
+        .fetch_one(&env.pool)
+        .await
+        .expect("count")
+}
+
+#[tokio::test]
+async fn a_batch_records_each_event_once_even_when_it_holds_the_event_twice() {
+    let env = TestEnv::new().await;
+    let store = DenialStore::from_pool(env.pool.clone());
+    let now = Utc::now();
     let first = store
         .insert_batch(&[
-            row("m1", "a", None),
-            row("m1", "a", None),
-            row("m1", "b", None),
-            row("m1", "a", Some(7)),
+            row("m1", "a", None, now),
+            row("m1", "a", None, now),
+            row("m1", "b", None, now),
+            row("m1", "a", Some(7), now),
         ])
         .await
         .expect("batch");
     assert_eq!(first, [true, false, true, true]);
     let again = store
-        .insert_batch(&[row("m1", "a", None), row("m2", "a", None)])
+        .insert_batch(&[row("m1", "a", None, now), row("m2", "a", None, now)])
         .await
         .expect("batch");
     assert_eq!(
@@ -206,9 +222,70 @@ async fn a_batch_records_each_event_once_even_when_it_holds_the_event_twice() {
         [false, true],
         "a redelivery in a later batch is recognised"
     );
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM denials")
-        .fetch_one(&env.pool)
+    assert_eq!(count_rows(&env).await, 4);
+}
+
+#[tokio::test]
+async fn batches_racing_over_the_same_events_record_each_event_exactly_once() {
+    let env = TestEnv::new().await;
+    // Two workers: separate pools, so the batches really run in concurrent transactions.
+    let other = sqlx::PgPool::connect(&env.database_url)
         .await
-        .expect("count");
-    assert_eq!(rows, 4);
+        .expect("second pool");
+    let (a, b) = (
+        DenialStore::from_pool(env.pool.clone()),
+        DenialStore::from_pool(other.clone()),
+    );
+    let now = Utc::now();
+    let mut events = 0;
+    for round in 0..20 {
+        // The same 200 events, in opposite orders, half of them also in the other batch.
+        let ids: Vec<String> = (0..200).map(|i| format!("r{round}m{i}")).collect();
+        let forward: Vec<DenialRow> = ids.iter().map(|id| row(id, "a", None, now)).collect();
+        let backward: Vec<DenialRow> = ids
+            .iter()
+            .rev()
+            .take(100)
+            .map(|id| row(id, "a", None, now))
+            .collect();
+        let (x, y) = tokio::join!(a.insert_batch(&forward), b.insert_batch(&backward));
+        let (x, y) = (x.expect("batch a"), y.expect("batch b"));
+        events += 200;
+        let recorded = x.iter().chain(&y).filter(|&&new| new).count();
+        assert_eq!(
+            recorded, 200,
+            "round {round}: every event is new exactly once"
+        );
+        assert_eq!(count_rows(&env).await, events, "round {round}");
+    }
+    other.close().await;
+}
+
+#[tokio::test]
+async fn prune_forgets_the_events_of_the_months_it_drops_and_keeps_the_others() {
+    let env = TestEnv::new().await;
+    let store = DenialStore::from_pool(env.pool.clone());
+    let now = Utc::now();
+    let old = now - chrono::Duration::days(200);
+    let batch = [row("old", "a", None, old), row("new", "a", None, now)];
+    assert_eq!(
+        store.insert_batch(&batch).await.expect("batch"),
+        [true, true]
+    );
+    let dropped = store
+        .prune(now - chrono::Duration::days(90))
+        .await
+        .expect("prune");
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    let events: Vec<String> = sqlx::query_scalar("SELECT message_id FROM denial_events")
+        .fetch_all(&env.pool)
+        .await
+        .expect("events");
+    assert_eq!(events, ["new"]);
+    // The pruned month's event is history no longer: recorded anew. The kept one is not.
+    assert_eq!(
+        store.insert_batch(&batch).await.expect("batch"),
+        [true, false]
+    );
+    assert_eq!(count_rows(&env).await, 2);
 }

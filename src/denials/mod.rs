@@ -23,7 +23,7 @@ pub use writer::DenialWriter;
 /// SQLSTATE of an insert whose row falls in no partition (check_violation).
 const NO_PARTITION: &str = "23514";
 
-/// The text an event's advisory lock is derived from.
+/// One denial event (message, rule, replay), for finding repeats within a batch.
 fn event_key(message_id: &str, rule: &str, replay_of: Option<i64>) -> String {
     format!("{message_id}\u{1f}{rule}\u{1f}{}", replay_of.unwrap_or(0))
 }
@@ -257,27 +257,9 @@ impl DenialStore {
             .map(|(_, r)| r)
             .collect();
         let column = |f: fn(&DenialRow) -> String| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
-        let mut tx = self.pool.begin().await?;
-        // Serialise writers of the same events (locks taken in one order, so two batches never
-        // deadlock); the insert then runs in a new snapshot and sees rows committed meanwhile.
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock(h) FROM \
-             (SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest($1::text[]) AS k) s ORDER BY h",
-        )
-        .bind(&keys)
-        .execute(&mut *tx)
-        .await?;
+        // One statement, one implicit transaction: see migrations/*_denial_events.sql.
         let inserted: Vec<(String, String, Option<i64>)> = sqlx::query_as(
-            "INSERT INTO denials (message_id, recipient, channel, category, rule, kind, reason, \
-             shadow, retry_after, message, denied_at, replay_of) \
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-             $6::text[], $7::text[], $8::bool[], $9::timestamptz[], $10::jsonb[], \
-             $11::timestamptz[], $12::bigint[]) \
-             AS t(message_id, recipient, channel, category, rule, kind, reason, shadow, \
-             retry_after, message, denied_at, replay_of) \
-             WHERE NOT EXISTS (SELECT 1 FROM denials d WHERE d.message_id = t.message_id \
-             AND d.rule = t.rule AND d.replay_of IS NOT DISTINCT FROM t.replay_of) \
-             RETURNING message_id, rule, replay_of",
+            "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(column(|r| r.message_id.clone()))
         .bind(column(|r| r.recipient.clone()))
@@ -291,9 +273,8 @@ impl DenialStore {
         .bind(unique.iter().map(|r| r.message.clone()).collect::<Vec<_>>())
         .bind(unique.iter().map(|r| r.denied_at).collect::<Vec<_>>())
         .bind(unique.iter().map(|r| r.replay_of).collect::<Vec<_>>())
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.pool)
         .await?;
-        tx.commit().await?;
         let new: std::collections::HashSet<String> = inserted
             .iter()
             .map(|(id, rule, replay)| event_key(id, rule, *replay))
@@ -368,8 +349,9 @@ impl DenialStore {
         Ok(q.build_query_as().fetch_all(&self.pool).await?)
     }
 
-    /// Drops every monthly partition that ends on or before `cutoff`; returns their names.
-    /// Whole partitions go at once: no row-by-row delete, no table bloat.
+    /// Drops every monthly partition that ends on or before `cutoff`, and forgets the events
+    /// whose rows they held; returns their names. Whole partitions go at once: no row-by-row
+    /// delete, no table bloat in the history itself.
     pub async fn prune(&self, cutoff: DateTime<Utc>) -> Result<Vec<String>, DenialError> {
         let partitions: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
             "SELECT c.relname::text, \
@@ -382,12 +364,18 @@ impl DenialStore {
         let mut dropped = Vec::new();
         for (name, upper) in partitions {
             if upper <= cutoff {
+                let mut tx = self.pool.begin().await?;
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "DROP TABLE \"{}\"",
                     name.replace('"', "\"\"")
                 )))
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
+                sqlx::query("DELETE FROM denial_events WHERE denied_at < $1")
+                    .bind(upper)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
                 dropped.push(name);
             }
         }

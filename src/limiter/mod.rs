@@ -22,7 +22,7 @@ use crate::message::SendRequest;
 use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
 use deny_cache::DenyCache;
-use script::{Mode, RawResult, ScopeReply, SCRIPT};
+use script::{KindSet, Mode, RawResult, ScopeReply};
 
 /// Failures talking to Redis. Any of them means "decide this message again later".
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +82,8 @@ struct ScopeCall<'r> {
     keys: Vec<String>,
     /// ARGV after NOW_MS, MESSAGE_ID and MODE (see lua/decide.lua): COST, RULE_COUNT, rules.
     rule_args: Vec<String>,
+    /// The script carrying the kinds of these rules.
+    script: &'static redis::Script,
 }
 
 impl ScopeCall<'_> {
@@ -92,7 +94,7 @@ impl ScopeCall<'_> {
         message_id: &str,
         mode: Mode,
     ) -> redis::RedisResult<T> {
-        let mut invocation = SCRIPT.prepare_invoke();
+        let mut invocation = self.script.prepare_invoke();
         for key in &self.keys {
             invocation.key(key);
         }
@@ -250,6 +252,18 @@ impl Limiter {
         else {
             return Ok(());
         };
+        // With one rule, its retry_after opens the first day with room. Once that day has
+        // begun in the easternmost zone, some zone can be admitted now and nothing is frozen:
+        // skip reading the state (a round trip on every such denial).
+        if let ([_], [verdict]) = (rules, verdicts) {
+            let eastmost = calendar::day_number(now, chrono_tz::Etc::GMTMinus14);
+            if verdict
+                .retry_after
+                .is_some_and(|r| calendar::day_number(r, zone) <= eastmost)
+            {
+                return Ok(());
+            }
+        }
         let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
         let mut admitted = HashSet::new();
         let mut states = Vec::with_capacity(rules.len());
@@ -386,10 +400,12 @@ impl Limiter {
                     rule_args.push(args.len().to_string());
                     rule_args.extend(args.iter().map(i64::to_string));
                 }
+                let kinds = KindSet::of(rules.iter().map(|(_, r)| r.kind.name()));
                 ScopeCall {
                     rules,
                     keys: rule_keys,
                     rule_args,
+                    script: script::script_for(kinds),
                 }
             })
             .collect()

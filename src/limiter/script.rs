@@ -1,37 +1,82 @@
-//! The decision script: composed from lua/ when the crate is built, called once per scope.
+//! The decision scripts: composed from the files in lua/ (compiled in), one EVALSHA per scope.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-/// The composed source: shared helpers, every kind, then the driver that runs a scope's rules
-/// all-or-nothing. One script means one EVALSHA per scope whatever the kinds involved.
-pub const SOURCE: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    "\n",
-    include_str!("../../lua/calendar_quota.lua"),
-    "\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_log.lua"),
-    "\n",
-    include_str!("../../lua/leaky_bucket.lua"),
-    "\n",
-    include_str!("../../lua/token_bucket.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../lua/zset_window.lua"),
-    "\n",
-    include_str!("../../lua/quiet_hours.lua"),
-    "\n",
-    include_str!("../../lua/decide.lua"),
-);
+/// Helpers shared by every kind; first in every composed script.
+pub const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 
-/// The script, hashed once.
-pub static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SOURCE));
+/// Every kind's file, by the name its rules carry, in the order scripts compose them.
+pub const KIND_SOURCES: [(&str, &str); 9] = [
+    (
+        "calendar_quota",
+        include_str!("../../lua/calendar_quota.lua"),
+    ),
+    ("fixed_window", include_str!("../../lua/fixed_window.lua")),
+    (
+        "sliding_window",
+        include_str!("../../lua/sliding_window.lua"),
+    ),
+    ("sliding_log", include_str!("../../lua/sliding_log.lua")),
+    ("leaky_bucket", include_str!("../../lua/leaky_bucket.lua")),
+    ("token_bucket", include_str!("../../lua/token_bucket.lua")),
+    ("gcra", include_str!("../../lua/gcra.lua")),
+    ("zset_window", include_str!("../../lua/zset_window.lua")),
+    ("quiet_hours", include_str!("../../lua/quiet_hours.lua")),
+];
+
+/// The driver that runs a scope's rules all-or-nothing; last in every composed script.
+pub const DRIVER: &str = include_str!("../../lua/decide.lua");
+
+/// A set of kinds: bit `i` stands for `KIND_SOURCES[i]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KindSet(u16);
+
+impl KindSet {
+    /// Every kind.
+    pub const ALL: KindSet = KindSet((1 << KIND_SOURCES.len()) - 1);
+
+    /// The set of the named kinds; unknown names are left out (the driver then refuses the
+    /// call with "unknown limiter kind", as it would for any script without that kind).
+    pub fn of<'a>(names: impl IntoIterator<Item = &'a str>) -> KindSet {
+        KindSet(names.into_iter().fold(0, |bits, name| {
+            bits | KIND_SOURCES
+                .iter()
+                .position(|(kind, _)| *kind == name)
+                .map_or(0, |i| 1 << i)
+        }))
+    }
+
+    fn contains(self, index: usize) -> bool {
+        self.0 & (1 << index) != 0
+    }
+}
+
+/// The source of the script for a scope whose rules use `kinds`: the prelude, those kinds'
+/// files and the driver. Each kind's file only defines functions, but Lua runs those
+/// definitions on every call, so a script carrying all nine kinds spends about 5 us per call
+/// (measured with redis-benchmark on this machine's Redis 7.0) creating functions the scope
+/// never calls: a headline-only scope carries the calendar quota alone.
+pub fn source_for(kinds: KindSet) -> String {
+    let mut source = String::from(PRELUDE);
+    source.push('\n');
+    for (index, (_, kind)) in KIND_SOURCES.iter().enumerate() {
+        if kinds.contains(index) {
+            source.push_str(kind);
+            source.push('\n');
+        }
+    }
+    source.push_str(DRIVER);
+    source
+}
+
+/// The script for `kinds`, composed and hashed once per set.
+pub fn script_for(kinds: KindSet) -> &'static redis::Script {
+    static SCRIPTS: [OnceLock<redis::Script>; 1 << KIND_SOURCES.len()] =
+        [const { OnceLock::new() }; 1 << KIND_SOURCES.len()];
+    SCRIPTS[usize::from(kinds.0)].get_or_init(|| redis::Script::new(&source_for(kinds)))
+}
 
 /// What the driver does with a scope's rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
