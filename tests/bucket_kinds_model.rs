@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use chrono::{DateTime, Duration, NaiveTime, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use sendquota::config::{RedisSettings, Settings};
 use sendquota::limiter::{Evaluation, Limiter, Verdict};
 use sendquota::message::SendRequest;
@@ -467,12 +466,7 @@ fn script_matches_model_on<M: Model>(
     let h = Harness::on(prefix, target);
     let case = AtomicU32::new(0);
     let strategy = (toml, prop::collection::vec(step(), 1..40));
-    let result = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    })
-    .run(&strategy, |(toml, steps)| {
+    let result = support::property_runner(cases).run(&strategy, |(toml, steps)| {
         let recipient = format!("r{}", case.fetch_add(1, Ordering::SeqCst));
         let policy = load_policy(&toml);
         let mut model = model(&policy.rules[0].kind);
@@ -653,38 +647,34 @@ fn quiet_hours_match_chrono_tz() {
         prop::sample::select(&QUIET_ZONES[..]),
         prop::collection::vec((instant(), prop::bool::ANY), 1..8),
     );
-    let result = TestRunner::new(Config {
-        cases: 512,
-        failure_persistence: None,
-        ..Config::default()
-    })
-    .run(&strategy, |((start, end), zone_name, instants)| {
-        let n = case.fetch_add(1, Ordering::SeqCst);
-        let zone: Tz = zone_name.parse().expect("zone");
-        let toml = format!(
-            "[[rules]]\nname = \"q\"\nkind = \"quiet_hours\"\nstart = \"{}\"\nend = \"{}\"\n",
-            start.format("%H:%M"),
-            end.format("%H:%M")
-        );
-        let policy = load_policy(&toml);
-        for (i, &(now, commit)) in instants.iter().enumerate() {
-            let msg = message(&format!("id{n}-{i}"), &format!("r{n}"), zone_name, 1);
-            let eval = h.evaluate(&policy, &msg, now.timestamp_millis(), commit);
-            let got = Decision::of(&eval.verdicts[0]);
-            let want = quiet_model(start, end, now, zone);
-            let context = format!(
-                "quiet {}-{} in {zone} at {now} (local {})",
+    let result =
+        support::property_runner(512).run(&strategy, |((start, end), zone_name, instants)| {
+            let n = case.fetch_add(1, Ordering::SeqCst);
+            let zone: Tz = zone_name.parse().expect("zone");
+            let toml = format!(
+                "[[rules]]\nname = \"q\"\nkind = \"quiet_hours\"\nstart = \"{}\"\nend = \"{}\"\n",
                 start.format("%H:%M"),
-                end.format("%H:%M"),
-                now.with_timezone(&zone).format("%Y-%m-%d %H:%M:%S%.3f %Z")
+                end.format("%H:%M")
             );
-            prop_assert_eq!(eval.committed, commit && got.allowed, "{}", context);
-            prop_assert_eq!(got, want, "{}", context);
-        }
-        let keys = h.keys_with_ttl("");
-        prop_assert!(keys.is_empty(), "quiet_hours left keys: {:?}", keys);
-        Ok(())
-    });
+            let policy = load_policy(&toml);
+            for (i, &(now, commit)) in instants.iter().enumerate() {
+                let msg = message(&format!("id{n}-{i}"), &format!("r{n}"), zone_name, 1);
+                let eval = h.evaluate(&policy, &msg, now.timestamp_millis(), commit);
+                let got = Decision::of(&eval.verdicts[0]);
+                let want = quiet_model(start, end, now, zone);
+                let context = format!(
+                    "quiet {}-{} in {zone} at {now} (local {})",
+                    start.format("%H:%M"),
+                    end.format("%H:%M"),
+                    now.with_timezone(&zone).format("%Y-%m-%d %H:%M:%S%.3f %Z")
+                );
+                prop_assert_eq!(eval.committed, commit && got.allowed, "{}", context);
+                prop_assert_eq!(got, want, "{}", context);
+            }
+            let keys = h.keys_with_ttl("");
+            prop_assert!(keys.is_empty(), "quiet_hours left keys: {:?}", keys);
+            Ok(())
+        });
     if let Err(e) = result {
         panic!("{e}");
     }

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use sendquota::limiter::calendar::{day_number, day_start, DayNumber};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
@@ -151,11 +150,7 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
         0..STARTS.len(),
         prop::collection::vec(step(), 1..40),
     );
-    let result = TestRunner::new(Config {
-        cases: 96,
-        ..Config::default()
-    })
-    .run(&strategy, |(q, start, steps)| {
+    let result = support::property_runner(96).run(&strategy, |(q, start, steps)| {
         let n = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let recipient = format!("r{n}");
         let policy = Policy {

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use sendquota::clock::ManualClock;
 use sendquota::config::Settings;
 use sendquota::limiter::deny_cache::DenyCache;
@@ -53,12 +52,7 @@ fn exact_over_random_workloads(toml: &str) {
     let policy = policy(toml);
     let hits = std::sync::atomic::AtomicU64::new(0);
     let decisions = std::sync::atomic::AtomicU64::new(0);
-    let result = TestRunner::new(Config {
-        cases: 12,
-        failure_persistence: None,
-        ..Config::default()
-    })
-    .run(&prop::collection::vec(op(), 50..400), |ops| {
+    let result = support::property_runner(12).run(&prop::collection::vec(op(), 50..400), |ops| {
         let cached_ns = support::unique("sqtcache");
         let plain_ns = support::unique("sqtplain");
         let cache = Arc::new(DenyCache::new());

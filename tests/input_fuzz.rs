@@ -15,7 +15,7 @@ use futures_util::stream::{self, StreamExt};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config, TestCaseResult, TestRunner};
+use proptest::test_runner::TestCaseResult;
 use sendquota::config::{ConfigError, Settings};
 use sendquota::limiter::keys::{encode, rule_key, scope_tag};
 use sendquota::limiter::Limiter;
@@ -30,13 +30,6 @@ use serde_json::Value;
 // Running properties and counting executions
 // ---------------------------------------------------------------------------------------------
 
-/// A runner for `cases` cases that writes no regression files.
-fn runner(cases: u32) -> TestRunner {
-    let mut config = Config::with_cases(cases);
-    config.failure_persistence = None;
-    TestRunner::new(config)
-}
-
 /// Runs `property` on `cases` values of `strategy`; returns how many times the property ran.
 /// Fails the test (with proptest's minimal failing input) when the property fails.
 fn fuzz<S: Strategy>(
@@ -46,7 +39,7 @@ fn fuzz<S: Strategy>(
     property: impl Fn(S::Value) -> TestCaseResult,
 ) -> usize {
     let executions = AtomicUsize::new(0);
-    let result = runner(cases).run(&strategy, |value| {
+    let result = support::property_runner(cases).run(&strategy, |value| {
         executions.fetch_add(1, Ordering::Relaxed);
         property(value)
     });
@@ -489,7 +482,7 @@ fn decode_never_panics_and_every_result_is_a_valid_request_or_a_reason() {
 /// The generators must reach the `Ok` branch often, or the re-validation above proves little.
 #[test]
 fn the_json_generator_produces_valid_requests_and_each_kind_of_error() {
-    let mut runner = runner(1);
+    let mut runner = support::property_runner(1);
     let strategy = request_body();
     let mut ok = 0;
     let mut kinds = BTreeMap::new();

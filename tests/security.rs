@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use redis::AsyncCommands;
 use sendquota::clock::ManualClock;
 use sendquota::denials::{DenialFilter, DenialStore};
@@ -453,10 +453,8 @@ fn fuzz<S: Strategy>(
     strategy: S,
     property: impl Fn(S::Value) -> Result<(), TestCaseError>,
 ) {
-    let mut config = Config::with_cases(cases);
-    config.failure_persistence = None;
     let executions = AtomicUsize::new(0);
-    let result = TestRunner::new(config).run(&strategy, |value| {
+    let result = support::property_runner(cases).run(&strategy, |value| {
         executions.fetch_add(1, Ordering::Relaxed);
         property(value)
     });
@@ -650,24 +648,6 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The items of the `SOURCE` const's `concat!(...)`.
-fn source_items(script_rs: &str) -> Vec<String> {
-    let start = script_rs
-        .find("pub const SOURCE: &str = concat!(")
-        .expect("SOURCE is a concat!")
-        + "pub const SOURCE: &str = concat!(".len();
-    let end = start
-        + script_rs[start..]
-            .find(");")
-            .expect("the concat! is closed");
-    script_rs[start..end]
-        .split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 #[test]
 fn lua_reaches_redis_only_from_the_files_in_lua() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -713,40 +693,48 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
 
     let script_rs = std::fs::read_to_string(&script_path).expect("read script.rs");
     assert_eq!(script_rs.matches("Script::new").count(), 1);
-    assert!(script_rs.contains("redis::Script::new(SOURCE)"));
-    let mut included = Vec::new();
-    let mut expected_source = String::new();
-    for item in source_items(&script_rs) {
-        if item == "\"\\n\"" {
-            expected_source.push('\n');
-            continue;
-        }
-        let path = item
-            .strip_prefix("include_str!(\"../../lua/")
-            .and_then(|rest| rest.strip_suffix("\")"))
-            .unwrap_or_else(|| panic!("SOURCE item {item} is not a lua/ file or a newline"));
-        assert!(
-            path.ends_with(".lua") && !path.contains(['/', '\\']) && !path.contains(".."),
-            "{item}"
-        );
-        expected_source
-            .push_str(&std::fs::read_to_string(root.join("lua").join(path)).expect("read lua"));
-        included.push(path.to_owned());
+    assert!(script_rs.contains("redis::Script::new(&source_for(kinds))"));
+    // Every piece a script is composed of is a file of lua/, compiled in verbatim, and every
+    // file of lua/ is one piece.
+    use sendquota::limiter::script::{source_for, KindSet, DRIVER, KIND_SOURCES, PRELUDE};
+    let lua = |name: &str| {
+        std::fs::read_to_string(root.join("lua").join(format!("{name}.lua"))).expect("read lua")
+    };
+    assert_eq!(PRELUDE, lua("prelude"));
+    assert_eq!(DRIVER, lua("decide"));
+    for (kind, source) in KIND_SOURCES {
+        assert_eq!(source, lua(kind), "{kind}");
     }
-    // The compiled script is exactly those files, and every file in lua/ is in it once.
-    assert_eq!(sendquota::limiter::script::SOURCE, expected_source);
+    let mut pieces: Vec<String> = KIND_SOURCES
+        .iter()
+        .map(|(k, _)| format!("{k}.lua"))
+        .collect();
+    pieces.extend(["prelude.lua".to_owned(), "decide.lua".to_owned()]);
+    let pieces_set: BTreeSet<String> = pieces.iter().cloned().collect();
+    assert_eq!(pieces_set.len(), pieces.len(), "a file is a piece twice");
     let on_disk: BTreeSet<String> = std::fs::read_dir(root.join("lua"))
         .expect("read lua dir")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".lua"))
         .collect();
-    let included_set: BTreeSet<String> = included.iter().cloned().collect();
+    assert_eq!(pieces_set, on_disk);
+    // A composed script is exactly the prelude, the kinds asked for and the driver.
+    let headline = source_for(KindSet::of(["calendar_quota"]));
     assert_eq!(
-        included_set.len(),
-        included.len(),
-        "a file is included twice"
+        headline,
+        format!(
+            "{}\n{}\n{}",
+            lua("prelude"),
+            lua("calendar_quota"),
+            lua("decide")
+        )
     );
-    assert_eq!(included_set, on_disk);
+    let all = source_for(KindSet::ALL);
+    let every_kind: String = KIND_SOURCES.iter().map(|(k, _)| lua(k) + "\n").collect();
+    assert_eq!(
+        all,
+        format!("{}\n{every_kind}{}", lua("prelude"), lua("decide"))
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

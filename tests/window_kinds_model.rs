@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use sendquota::config::Settings;
 use sendquota::limiter::keys::{rule_key, scope_tag};
 use sendquota::limiter::{Limiter, Verdict};
@@ -616,12 +615,7 @@ fn script_matches_model_on(
     let case = AtomicU32::new(0);
     let seen = Coverage::default();
     let strategy = (params, 0i64..900_000, prop::collection::vec(step(), 1..60));
-    let result = TestRunner::new(Config {
-        cases: CASES,
-        failure_persistence: None,
-        ..Config::default()
-    })
-    .run(&strategy, |(params, offset, steps)| {
+    let result = support::property_runner(CASES).run(&strategy, |(params, offset, steps)| {
         let began = Instant::now();
         let recipient = format!("p{}", case.fetch_add(1, Ordering::SeqCst));
         let policy = params.policy();

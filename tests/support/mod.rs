@@ -60,6 +60,20 @@ pub fn admin_database_url() -> String {
     database_url("postgres")
 }
 
+/// A proptest runner for `cases` cases that writes no regression files and gives up shrinking
+/// a failure after 30 s or 256 steps. These properties call the real services at every step:
+/// with proptest's unbounded shrink time, one failure (a service that stopped answering, say)
+/// shrank for longer than CI's whole budget instead of being reported.
+pub fn property_runner(cases: u32) -> proptest::test_runner::TestRunner {
+    proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_time: 30_000,
+        max_shrink_iters: 256,
+        ..proptest::test_runner::Config::default()
+    })
+}
+
 /// A name no other test (in this or another process) uses.
 pub fn unique(prefix: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -350,6 +364,22 @@ impl TestEnv {
             assert!(
                 Instant::now() < deadline,
                 "no outcome for message {id} within {OUTCOME_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until message `id` is dispatched, whatever rows it leaves (a shadow rule records
+    /// its row before the dispatch). Dispatched ids seen meanwhile are kept in `seen`.
+    pub async fn dispatched(&self, id: &str, seen: &mut HashMap<String, usize>) {
+        let deadline = Instant::now() + OUTCOME_TIMEOUT;
+        while !seen.contains_key(id) {
+            for d in self.take_dispatched().await {
+                *seen.entry(d).or_default() += 1;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "message {id} not dispatched within {OUTCOME_TIMEOUT:?}"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
