@@ -522,6 +522,25 @@ async fn purge(conn: &mut MultiplexedConnection, pattern: &str, label: &str) -> 
     }
 }
 
+/// Removes this run's keys when the bench is interrupted (Ctrl-C or SIGTERM), then exits 130.
+/// Phase (e) alone leaves a million recipients' keys; left in a shared Redis they slowed every
+/// later SCAN, and a whole test suite once ran out of time on them.
+async fn purge_on_interrupt() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("perf: interrupted; removing this run's keys");
+    let pattern = format!("sqt_{}_*", std::process::id());
+    let removed = purge(&mut multiplexed().await, &pattern, "interrupted").await;
+    eprintln!("perf: removed {removed} keys");
+    std::process::exit(130);
+}
+
 async fn used_memory(conn: &mut MultiplexedConnection) -> i64 {
     let info: String = redis::cmd("INFO")
         .arg("memory")
@@ -1199,6 +1218,7 @@ async fn main() {
     let concurrency = args.concurrency;
 
     let mut plain = multiplexed().await;
+    tokio::spawn(purge_on_interrupt());
     let procs = Procs::find(&mut plain).await;
     let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
     let ns = env.namespace.clone();
