@@ -4,8 +4,9 @@
 -- KEYS: the rule's key, a sorted set: member = message id, score = local day number of the
 --       day the message was admitted on (it holds the ids itself; the ids key is unused).
 -- ARGV (this rule's slice): TODAY (local day number, computed by the worker with chrono-tz),
---       PER_DAY, PER_WINDOW, WINDOW_DAYS, EXPIRE_IN (ms from now until the first instant of
---       local day TODAY + WINDOW_DAYS: when today's entry stops mattering).
+--       PER_DAY, PER_WINDOW, WINDOW_DAYS, EXPIRE_IN (ms from now until day TODAY + WINDOW_DAYS
+--       begins in UTC-12, the last zone to reach it: when today's entry stops mattering in
+--       every zone the recipient may move to).
 -- Reply: {allowed, already, remaining, retry_day, 0}: remaining = sends still allowed after
 --       this one (or now, when denied or already admitted); retry_day = the first local day
 --       number on which a send would be allowed, -1 when allowed.
@@ -45,15 +46,19 @@ KINDS.calendar_quota = {
     if admitted and tonumber(admitted) >= first then
       return {1, 1, math.max(left, 0), -1, 0}
     end
+    local newest = today
+    for _, s in ipairs(scores) do
+      if s > newest then newest = s end
+    end
+    -- commit's expiry needs the newest day once today's entry is in: this, as entries before
+    -- the window only ever leave.
+    ctx.calendar_newest = ctx.calendar_newest or {}
+    ctx.calendar_newest[key] = newest
     if left > 0 then
       return {1, 0, left - 1, -1, 0}
     end
     -- Walk forward day by day until both limits have room; entries never leave the set on
     -- their own, so the walk ends once the newest entry is outside the window.
-    local newest = today
-    for _, s in ipairs(scores) do
-      if s > newest then newest = s end
-    end
     for day = today + 1, newest + days do
       local d, w = calendar_usage(scores, day, days)
       if d < per_day and w < per_window then
@@ -67,11 +72,14 @@ KINDS.calendar_quota = {
     local today, days = tonumber(args[1]), tonumber(args[4])
     redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - days + 1))
     redis.call('ZADD', key, today, ctx.id)
-    -- An entry scored after today (the recipient's zone moved east) keeps the key longer:
-    -- at most 26 hours per day of difference, the widest gap between two zones.
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    local ahead = math.max(tonumber(newest[2]) - today, 0)
-    expire_in_at_least(key, tonumber(args[5]) + ahead * 93600000)
+    -- An entry scored after today (the recipient's zone moved west) keeps the key one more
+    -- day of UTC-12 (24 hours) per day it is ahead.
+    local newest = ctx.calendar_newest and ctx.calendar_newest[key]
+    if not newest then
+      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    end
+    local ahead = math.max(newest - today, 0)
+    expire_in_at_least(key, tonumber(args[5]) + ahead * 86400000)
   end,
 
   refund = function(key, _, _, ctx)

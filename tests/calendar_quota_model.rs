@@ -1,6 +1,9 @@
 //! Property test: `lua/calendar_quota.lua` in real Redis against a plain Rust model of the
 //! rule, over random sequences of (time, zone, message id) with repeated ids, dry runs mixed
 //! in: the same decision, remaining and retry_after at every step, and no key without expiry.
+//! After every admission the key must outlive its newest entry in every zone: until that day
+//! plus the window begins in the westernmost zone (UTC-12), whichever zone the recipient has
+//! now, since a recipient who moves west still counts the entry there.
 
 mod support;
 
@@ -139,6 +142,15 @@ fn calendar_quota_script_matches_the_model_on_a_cluster() {
     script_matches_model(support::cluster_settings());
 }
 
+/// The key's remaining time to live in milliseconds (-2 when it is gone).
+async fn pttl(redis: &sendquota::store::RedisConn, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut redis.clone())
+        .await
+        .expect("pttl")
+}
+
 fn script_matches_model(settings: sendquota::config::RedisSettings) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let namespace = support::unique("sqtprop");
@@ -168,6 +180,7 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
             admitted: BTreeMap::new(),
         };
         let mut now: DateTime<Utc> = STARTS[start].parse().expect("start instant");
+        let key = format!("{namespace}:{{r:{recipient}}}:cq:calendar_quota");
         rt.block_on(async {
             for (i, s) in steps.iter().enumerate() {
                 now += Duration::minutes(s.advance_minutes);
@@ -188,13 +201,23 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
                 let want = model.decide(&id, day_number(now, zone), zone, s.commit);
                 prop_assert_eq!(got, want, "step {} at {} in {}: {:?}", i, now, zone, s);
                 prop_assert_eq!(eval.committed, s.commit && v.allowed);
+                if eval.committed {
+                    let newest = model.admitted.values().max().copied().expect("admitted");
+                    let west = chrono_tz::Etc::GMTPlus12;
+                    let needed = day_start(newest + i64::from(q.window_days), west) - now;
+                    let ttl = pttl(&redis, &key).await;
+                    // The clock runs on between the commit and PTTL: 5 s covers a slow machine.
+                    prop_assert!(
+                        ttl >= needed.num_milliseconds() - 5_000,
+                        "step {}: key expires in {} ms, its newest entry (day {}) counts for {} ms",
+                        i,
+                        ttl,
+                        newest,
+                        needed.num_milliseconds()
+                    );
+                }
             }
-            let key = format!("{namespace}:{{r:{recipient}}}:cq:calendar_quota");
-            let ttl: i64 = redis::cmd("PTTL")
-                .arg(&key)
-                .query_async(&mut redis.clone())
-                .await
-                .expect("pttl");
+            let ttl = pttl(&redis, &key).await;
             prop_assert!(
                 ttl == -2 || ttl > 0,
                 "key {} has no expiry (PTTL {})",

@@ -12,7 +12,10 @@ pub(super) fn args(kind: &Kind, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
     match kind {
         Kind::CalendarQuota(q) => {
             let today = day_number(now, zone);
-            let expire_in = day_start(today + i64::from(q.window_days), zone) - now;
+            // Today's entry counts until day today + window begins in the zone where that
+            // happens last (UTC-12): a recipient who moves west still counts it there.
+            let expire_in =
+                day_start(today + i64::from(q.window_days), chrono_tz::Etc::GMTPlus12) - now;
             vec![
                 today,
                 i64::from(q.per_day),
