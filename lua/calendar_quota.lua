@@ -50,8 +50,8 @@ KINDS.calendar_quota = {
     for _, s in ipairs(scores) do
       if s > newest then newest = s end
     end
-    -- commit's expiry needs the newest day once today's entry is in: this, as entries before
-    -- the window only ever leave.
+    -- For commit (which decide.lua runs only after check): the newest day once today's entry
+    -- is in, since entries before the window only ever leave.
     ctx.calendar_newest = ctx.calendar_newest or {}
     ctx.calendar_newest[key] = newest
     if left > 0 then
@@ -74,11 +74,7 @@ KINDS.calendar_quota = {
     redis.call('ZADD', key, today, ctx.id)
     -- An entry scored after today (the recipient's zone moved west) keeps the key one more
     -- day of UTC-12 (24 hours) per day it is ahead.
-    local newest = ctx.calendar_newest and ctx.calendar_newest[key]
-    if not newest then
-      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
-    end
-    local ahead = math.max(newest - today, 0)
+    local ahead = math.max(ctx.calendar_newest[key] - today, 0)
     expire_in_at_least(key, tonumber(args[5]) + ahead * 86400000)
   end,
 
