@@ -710,13 +710,6 @@ async fn queued(env: &TestEnv, queue: &str) -> usize {
         .unwrap_or(0)
 }
 
-async fn denied(env: &TestEnv) -> usize {
-    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM denials")
-        .fetch_one(&env.pool)
-        .await
-        .expect("count denials") as usize
-}
-
 /// Request bodies: two per recipient on one day, so half are dispatched and half denied.
 fn bodies(n: usize) -> Vec<Vec<u8>> {
     (0..n)
@@ -1032,7 +1025,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
     let mut startup = None;
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let done = queued(env, &env.dispatched_queue).await + denied(env).await;
+        let done = queued(env, &env.dispatched_queue).await + env.denial_rows().await as usize;
         if done > 0 && startup.is_none() {
             startup = Some(began.elapsed());
         }
@@ -1079,7 +1072,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
         elapsed,
         startup: startup.unwrap_or(elapsed),
         dispatched: queued(env, &env.dispatched_queue).await,
-        denied: denied(env).await,
+        denied: env.denial_rows().await as usize,
         cpu_us_per_msg,
         hwm_kib,
         decision: histogram(&metrics, sendquota::telemetry::DECISION_SECONDS),

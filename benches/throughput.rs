@@ -69,13 +69,6 @@ async fn queued(env: &TestEnv, queue: &str) -> u32 {
         .unwrap_or(0)
 }
 
-async fn denied(env: &TestEnv) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM denials")
-        .fetch_one(&env.pool)
-        .await
-        .expect("count denials")
-}
-
 #[tokio::main]
 async fn main() {
     let args = args();
@@ -103,7 +96,8 @@ async fn main() {
     env.start_worker(&clock);
     let mut last_report = Instant::now();
     loop {
-        let done = queued(&env, &env.dispatched_queue).await as usize + denied(&env).await as usize;
+        let done =
+            queued(&env, &env.dispatched_queue).await as usize + env.denial_rows().await as usize;
         if done >= n {
             break;
         }
@@ -116,7 +110,7 @@ async fn main() {
     let elapsed = started.elapsed();
     env.stop_worker().await;
     let dispatched = queued(&env, &env.dispatched_queue).await;
-    let denials = denied(&env).await;
+    let denials = env.denial_rows().await;
     println!(
         "{n} messages in {:.2} s: {:.0} msgs/s ({dispatched} dispatched, {denials} denied, {:?} queue)",
         elapsed.as_secs_f64(),

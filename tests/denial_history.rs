@@ -191,13 +191,6 @@ fn row(
     }
 }
 
-async fn count_rows(env: &TestEnv) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM denials")
-        .fetch_one(&env.pool)
-        .await
-        .expect("count")
-}
-
 #[tokio::test]
 async fn a_batch_records_each_event_once_even_when_it_holds_the_event_twice() {
     let env = TestEnv::new().await;
@@ -222,7 +215,7 @@ async fn a_batch_records_each_event_once_even_when_it_holds_the_event_twice() {
         [false, true],
         "a redelivery in a later batch is recognised"
     );
-    assert_eq!(count_rows(&env).await, 4);
+    assert_eq!(env.denial_rows().await, 4);
 }
 
 #[tokio::test]
@@ -256,7 +249,7 @@ async fn batches_racing_over_the_same_events_record_each_event_exactly_once() {
             recorded, 200,
             "round {round}: every event is new exactly once"
         );
-        assert_eq!(count_rows(&env).await, events, "round {round}");
+        assert_eq!(env.denial_rows().await, events, "round {round}");
     }
     other.close().await;
 }
@@ -287,5 +280,5 @@ async fn prune_forgets_the_events_of_the_months_it_drops_and_keeps_the_others() 
         store.insert_batch(&batch).await.expect("batch"),
         [true, false]
     );
-    assert_eq!(count_rows(&env).await, 2);
+    assert_eq!(env.denial_rows().await, 2);
 }

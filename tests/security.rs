@@ -626,11 +626,7 @@ async fn sql_metacharacters_in_a_denied_message_are_stored_and_listed_back_verba
         .await
         .expect("query the catalog");
     assert!(exists, "the denials table still exists");
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM denials")
-        .fetch_one(&env.pool)
-        .await
-        .expect("count denials");
-    assert_eq!(count, 1);
+    assert_eq!(env.denial_rows().await, 1);
 }
 
 // ---------------------------------------------------------------------------------------------

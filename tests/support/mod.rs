@@ -338,6 +338,14 @@ impl TestEnv {
         rows
     }
 
+    /// Number of denial rows in the whole history.
+    pub async fn denial_rows(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM denials")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count denials")
+    }
+
     /// Number of denial rows for one message id.
     pub async fn denial_count(&self, message_id: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM denials WHERE message_id = $1")
