@@ -52,7 +52,7 @@ use redis::Value;
 use sendquota::config::{QueueType, Settings};
 use sendquota::limiter::calendar::{day_number, day_start};
 use sendquota::limiter::deny_cache::DenyCache;
-use sendquota::limiter::keys::{rule_key, scope_tag};
+use sendquota::limiter::keys::{rule_key, scope_tag, sent_key};
 use sendquota::limiter::script::{script_for, source_for, KindSet};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
@@ -595,13 +595,16 @@ impl LuaLoop {
             .map(|first| {
                 let mut pipe = redis::pipe();
                 for i in first..(first + self.pipeline).min(end) {
-                    let key = headline_key(&self.namespace, &format!("{prefix}{}", recipient(i)));
+                    let who = format!("{prefix}{}", recipient(i));
+                    let key = headline_key(&self.namespace, &who);
                     let ids = format!("{key}:ids");
+                    let marks = sent_key(&self.namespace, &scope_tag(&ScopeValue::Recipient(&who)));
                     pipe.cmd("EVALSHA")
                         .arg(&self.sha)
-                        .arg(2)
+                        .arg(3)
                         .arg(key)
                         .arg(ids)
+                        .arg(marks)
                         .arg(at_ms + i as i64)
                         .arg(format!("{prefix}m{i}"))
                         .arg("commit")

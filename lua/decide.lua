@@ -2,6 +2,9 @@
 --
 -- KEYS: two keys per rule, in rule order: the rule's state, and the rule's admitted-ids set
 --       (used by kinds whose state cannot hold message ids). All share the scope's hash tag.
+--       Then, optionally, the recipient's dispatch marks (a sorted set: member = message id,
+--       score = when the mark expires, ms): with it, 'check' and 'commit' first look
+--       MESSAGE_ID up there and, if it was dispatched, reply {2} and touch nothing.
 -- ARGV: NOW_MS, MESSAGE_ID, MODE, COST, RULE_COUNT, then per rule:
 --       KIND, ENFORCE (1 = a refusal blocks the message, 0 = shadow rule), NARGS, ARG_1..ARG_NARGS
 --   MODE: 'check'  = evaluate only, write nothing;
@@ -10,7 +13,8 @@
 --         'refund' = give back MESSAGE_ID's take in every rule listed (used when another
 --                    scope refused the message after this one committed).
 -- Reply: {COMMITTED, {ALLOWED, ALREADY, REMAINING, RETRY, DETAIL} per rule} (the kind files
---        say what REMAINING, RETRY and DETAIL mean for them); for 'refund', {1}.
+--        say what REMAINING, RETRY and DETAIL mean for them); for 'refund', {1}; for a
+--        message already dispatched, {2}.
 
 local ctx = {now = tonumber(ARGV[1]), id = ARGV[2], cost = tonumber(ARGV[4])}
 local mode = ARGV[3]
@@ -32,6 +36,14 @@ for i = 1, count do
     key = KEYS[2 * i - 1], ids = KEYS[2 * i],
   }
   pos = pos + 3 + nargs
+end
+
+local marks = KEYS[2 * count + 1]
+if marks and mode ~= 'refund' then
+  local expires = redis.call('ZSCORE', marks, ctx.id)
+  if expires and tonumber(expires) > ctx.now then
+    return {2}
+  end
 end
 
 if mode == 'refund' then

@@ -110,10 +110,6 @@ impl Pipeline {
                 return Ok(Handled::Invalid { reason });
             }
         };
-        if self.sent.is_sent(&message.id).await? {
-            self.metrics.outcome("duplicate");
-            return Ok(Handled::Duplicate);
-        }
         let now = self.clock.now();
         let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
             .and_then(|v| v.parse::<i64>().ok());
@@ -125,6 +121,10 @@ impl Pipeline {
         self.metrics
             .decision_seconds
             .record(started.elapsed().as_secs_f64());
+        if evaluation.dispatched {
+            self.metrics.outcome("duplicate");
+            return Ok(Handled::Duplicate);
+        }
         for v in &evaluation.verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
         }
@@ -148,7 +148,7 @@ impl Pipeline {
                 self.metrics
                     .dispatch_seconds
                     .record(started.elapsed().as_secs_f64());
-                self.sent.mark(&message.id).await?;
+                self.sent.mark(&message.recipient, &message.id, now).await?;
                 Ok(Handled::Dispatched {
                     shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
                 })

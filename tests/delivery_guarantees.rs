@@ -22,10 +22,9 @@ async fn members(env: &TestEnv, key: &str) -> Vec<String> {
     env.redis.clone().zrange(key, 0, -1).await.expect("zrange")
 }
 
-#[tokio::test]
-async fn the_same_message_id_published_twice_is_dispatched_once_and_consumes_once() {
-    let mut env = TestEnv::new().await;
-    // One message at a time, so the marker message proves the duplicate was handled first.
+/// Publishes message `dup` for alice twice, then a marker for bob, one message at a time (so
+/// the marker's outcome proves both copies were handled); returns how often `dup` went out.
+async fn dispatches_of_an_id_published_twice(env: &mut TestEnv) -> usize {
     env.settings.worker.concurrency = 1;
     env.settings.amqp.prefetch = 1;
     let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
@@ -39,12 +38,36 @@ async fn the_same_message_id_published_twice_is_dispatched_once_and_consumes_onc
     for id in env.take_dispatched().await {
         *seen.entry(id).or_default() += 1;
     }
-    assert_eq!(seen.get("dup"), Some(&1));
-    assert_eq!(members(&env, &headline_key(&env, "alice")).await, ["dup"]);
     assert!(
         env.denials().await.is_empty(),
         "a redelivery is not a denial"
     );
+    seen.get("dup").copied().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_same_message_id_published_twice_is_dispatched_once_and_consumes_once() {
+    let mut env = TestEnv::new().await;
+    assert_eq!(dispatches_of_an_id_published_twice(&mut env).await, 1);
+    assert_eq!(members(&env, &headline_key(&env, "alice")).await, ["dup"]);
+}
+
+#[tokio::test]
+async fn an_id_published_twice_is_dispatched_once_when_no_rule_is_per_recipient() {
+    // No script call reaches the recipient's dispatch marks: they are read on their own.
+    let mut env = TestEnv::with_config(
+        "[[rules]]\nname = \"per_channel\"\nkind = \"fixed_window\"\nscope = \"channel\"\n\
+         limit = 100\nwindow = \"1h\"\n",
+    )
+    .await;
+    assert_eq!(dispatches_of_an_id_published_twice(&mut env).await, 1);
+}
+
+#[tokio::test]
+async fn an_id_published_twice_is_dispatched_once_on_a_redis_cluster() {
+    let mut env = TestEnv::on_cluster("").await;
+    assert_eq!(dispatches_of_an_id_published_twice(&mut env).await, 1);
+    assert_eq!(env.keys_without_expiry().await, Vec::<String>::new());
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The deny cache is exact: over a skewed workload (a few hot recipients who keep being sent
-//! to, repeated ids, resets, midnights, several zones), a limiter answering from the cache
-//! gives every decision an uncached limiter gives, while answering many of them without Redis.
+//! to, repeated ids, dispatched ids sent again, resets, midnights, several zones), a limiter
+//! answering from the cache gives every decision an uncached limiter gives, while answering
+//! many of them without Redis.
 
 mod support;
 
@@ -15,6 +16,7 @@ use sendquota::limiter::deny_cache::DenyCache;
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
 use sendquota::policy::Policy;
+use sendquota::sent::SentMarks;
 use support::{local, request, TestEnv};
 
 const ZONES: [&str; 3] = ["UTC", "America/New_York", "Asia/Kathmandu"];
@@ -26,6 +28,8 @@ enum Op {
         id: usize,
         zone: usize,
         advance_minutes: i64,
+        /// Whether an admitted message is then dispatched (its id marked, as the worker does).
+        dispatch: bool,
     },
     Reset {
         recipient: usize,
@@ -36,11 +40,14 @@ fn op() -> impl Strategy<Value = Op> {
     // Recipients 0..3 are hot (most of the traffic), 3..40 cold; ids repeat within a pool.
     let recipient = prop_oneof![8 => 0usize..3, 2 => 3usize..40];
     prop_oneof![
-        60 => (recipient, 0usize..400, prop_oneof![9 => Just(0usize), 1 => 0usize..3], 0i64..180)
-            .prop_map(|(recipient, id, zone, advance_minutes)| Op::Send { recipient, id, zone, advance_minutes }),
+        60 => (recipient, 0usize..400, prop_oneof![9 => Just(0usize), 1 => 0usize..3], 0i64..180, prop::bool::weighted(0.8))
+            .prop_map(|(recipient, id, zone, advance_minutes, dispatch)| Op::Send { recipient, id, zone, advance_minutes, dispatch }),
         1 => (0usize..3).prop_map(|recipient| Op::Reset { recipient }),
     ]
 }
+
+/// The worker's default: marks outlive a 7-day quota window by a day.
+const DEDUP_TTL_S: u64 = 8 * 24 * 3600;
 
 fn policy(toml: &str) -> Policy {
     Settings::from_toml(toml, |_| None).expect("valid").policy
@@ -59,6 +66,8 @@ fn exact_over_random_workloads(toml: &str) {
         cache.enable(true);
         let cached = Limiter::new(redis.clone(), &cached_ns).with_deny_cache(cache.clone());
         let plain = Limiter::new(redis.clone(), &plain_ns);
+        let marks =
+            [&cached_ns, &plain_ns].map(|ns| SentMarks::new(redis.clone(), ns, DEDUP_TTL_S));
         let mut now: DateTime<Utc> = "2026-03-07T20:00:00Z".parse().expect("instant");
         let outcome = rt.block_on(async {
             for (step, op) in ops.iter().enumerate() {
@@ -68,6 +77,7 @@ fn exact_over_random_workloads(toml: &str) {
                         id,
                         zone,
                         advance_minutes,
+                        dispatch,
                     } => {
                         now += Duration::minutes(*advance_minutes);
                         let body =
@@ -94,6 +104,7 @@ fn exact_over_random_workloads(toml: &str) {
                         let view = |e: &sendquota::limiter::Evaluation| {
                             (
                                 e.committed,
+                                e.dispatched,
                                 e.verdicts
                                     .iter()
                                     .map(|v| {
@@ -103,6 +114,11 @@ fn exact_over_random_workloads(toml: &str) {
                             )
                         };
                         prop_assert_eq!(view(&a), view(&b), "step {} {:?} at {}", step, op, now);
+                        if b.committed && *dispatch {
+                            for sent in &marks {
+                                sent.mark(&m.recipient, &m.id, now).await.expect("mark");
+                            }
+                        }
                     }
                     Op::Reset { recipient } => {
                         let r = format!("r{recipient}");
@@ -145,6 +161,73 @@ fn cached_decisions_equal_uncached_ones_for_two_calendar_rules() {
         "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 2\nper_window = 4\nwindow_days = 5\n\
          [[rules]]\nname = \"weekly\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\nwindow_days = 7\n",
     );
+}
+
+async fn members(redis: &sendquota::store::RedisConn, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis.clone())
+        .await
+        .expect("zrange")
+}
+
+#[tokio::test]
+async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_a_cached_denial() {
+    let redis = support::connect_redis(&support::single_settings()).await;
+    let ns = support::unique("sqtdup");
+    let cache = Arc::new(DenyCache::new());
+    cache.enable(true);
+    let cached = Limiter::new(redis.clone(), &ns).with_deny_cache(cache.clone());
+    let plain = Limiter::new(redis.clone(), &ns);
+    let marks = SentMarks::new(redis.clone(), &ns, DEDUP_TTL_S);
+    let policy = policy("");
+    let message = |id: &str| {
+        SendRequest::decode(request(id, "alice", "UTC").to_string().as_bytes(), 1 << 16)
+            .expect("valid")
+    };
+    // Early in the UTC day: from 10:00 UTC tomorrow has begun in UTC+14, and the cache only
+    // keeps denials that no zone could admit yet.
+    let day1 = local("UTC", "2026-05-01 01:00");
+    let old = message("old");
+    // Sends on days 1, 6, 7 and 8; on day 8 "old" has left the window (days 2..8) and its
+    // entry is gone, but its dispatch mark lives on.
+    for (id, day) in [("old", 0), ("s6", 5), ("s7", 6), ("s8", 7)] {
+        let at = day1 + Duration::days(day);
+        let e = cached.evaluate(&policy, &message(id), at, true).await;
+        assert!(e.expect("admitted").committed, "{id}");
+        marks.mark("alice", id, at).await.expect("mark");
+    }
+    let day8 = day1 + Duration::days(7);
+    assert_eq!(
+        members(&redis, &format!("{ns}:{{r:alice}}:headline:calendar_quota")).await,
+        ["s6", "s7", "s8"]
+    );
+    // Alice is full in every zone: the first denial fills the cache, the next is a hit.
+    for (id, hour) in [("d1", 1), ("d2", 2)] {
+        let e = cached
+            .evaluate(&policy, &message(id), day8 + Duration::hours(hour), true)
+            .await
+            .expect("denied");
+        assert!(!e.committed && !e.dispatched, "{id}: {e:?}");
+    }
+    assert_eq!(cache.hits(), 1, "the second denial came from the cache");
+    let at = day8 + Duration::hours(3);
+    let again = cached
+        .evaluate(&policy, &old, at, true)
+        .await
+        .expect("again");
+    assert!(again.dispatched, "a duplicate, not a denial: {again:?}");
+    assert_eq!(cache.hits(), 1);
+    assert_eq!(
+        plain
+            .evaluate(&policy, &old, at, true)
+            .await
+            .expect("plain"),
+        again
+    );
+    support::delete_keys(&mut redis.clone(), &format!("{ns}:*")).await;
 }
 
 #[test]

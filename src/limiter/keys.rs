@@ -46,9 +46,12 @@ pub fn rule_key(namespace: &str, tag: &str, rule: &str, kind: &str) -> String {
     format!("{namespace}:{tag}:{rule}:{kind}")
 }
 
-/// The key that records that a message id has been dispatched.
-pub fn sent_key(namespace: &str, message_id: &str) -> String {
-    format!("{namespace}:sent:{{{}}}", encode(message_id))
+/// The sorted set of a recipient's dispatched message ids (score: when the mark expires, in
+/// epoch ms). It carries the recipient's hash tag, so the decision script of the recipient
+/// scope can read it in the same call; with three segments after the namespace it cannot
+/// collide with a rule's key, which has four.
+pub fn sent_key(namespace: &str, tag: &str) -> String {
+    format!("{namespace}:{tag}:sent")
 }
 
 #[cfg(test)]

@@ -66,6 +66,9 @@ pub struct Evaluation {
     /// True when every scope committed (the message may be dispatched); always false for
     /// a dry run.
     pub committed: bool,
+    /// The message id holds an unexpired dispatch mark (see [`crate::sent`]): it went out
+    /// before, nothing was decided and `verdicts` is empty. Only a committing evaluation looks.
+    pub dispatched: bool,
 }
 
 /// Runs policy rules against Redis state.
@@ -79,7 +82,10 @@ pub struct Limiter {
 /// A scope's rules with the keys and arguments of its script call.
 struct ScopeCall<'r> {
     rules: Vec<(usize, &'r Rule)>,
+    /// Two per rule, then the recipient's dispatch marks when `reads_marks`.
     keys: Vec<String>,
+    /// Whether the script first looks the message id up in the recipient's dispatch marks.
+    reads_marks: bool,
     /// ARGV after NOW_MS, MESSAGE_ID and MODE (see lua/decide.lua): COST, RULE_COUNT, rules.
     rule_args: Vec<String>,
     /// The script carrying the kinds of these rules.
@@ -150,7 +156,9 @@ impl Limiter {
     }
 
     /// Decides `message` at `now` against every rule of `policy` that applies. With `commit`
-    /// the quota is consumed when the message may go out; without it nothing is written.
+    /// the quota is consumed when the message may go out, unless the message id was
+    /// dispatched before (then nothing is decided: see [`Evaluation::dispatched`]); without it
+    /// nothing is written and dispatch marks are not read.
     pub async fn evaluate(
         &self,
         policy: &Policy,
@@ -170,6 +178,7 @@ impl Limiter {
                 return Ok(Evaluation {
                     verdicts,
                     committed: false,
+                    dispatched: false,
                 });
             }
         }
@@ -178,13 +187,22 @@ impl Limiter {
         let mut taken: Vec<ScopeCall<'_>> = Vec::new();
         let mut blocked = false;
         let mut conn = self.conn.clone();
-        for call in self.scope_calls(&rules, message, now, zone) {
+        let calls = self.scope_calls(&rules, message, now, zone, commit);
+        let marks_read = calls.first().is_some_and(|c| c.reads_marks);
+        if commit && !marks_read && self.is_marked(message, now).await? {
+            return Ok(Evaluation::dispatched());
+        }
+        for call in calls {
             let mode = if commit && !blocked {
                 Mode::Commit
             } else {
                 Mode::Check
             };
             let reply: ScopeReply = call.invoke(&mut conn, now, &message.id, mode).await?;
+            if reply.dispatched {
+                // Only the first call (the recipient scope) reads the marks: nothing taken yet.
+                return Ok(Evaluation::dispatched());
+            }
             for (&(index, rule), raw) in call.rules.iter().zip(&reply.results) {
                 verdicts[index] = Some(verdict(rule, raw, zone, message.cost));
             }
@@ -223,7 +241,24 @@ impl Limiter {
         Ok(Evaluation {
             verdicts,
             committed: commit && !blocked,
+            dispatched: false,
         })
+    }
+
+    /// Whether `message` holds an unexpired dispatch mark, read on its own: for committing
+    /// decisions without a recipient-scope rule, whose script calls cannot reach the marks.
+    async fn is_marked(
+        &self,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+    ) -> redis::RedisResult<bool> {
+        let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
+        let expires: Option<i64> = redis::cmd("ZSCORE")
+            .arg(keys::sent_key(&self.namespace, &tag))
+            .arg(&message.id)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(expires.is_some_and(|ms| ms > now.timestamp_millis()))
     }
 
     /// Caches a denial of an eligible policy: valid until the first refusing rule would allow
@@ -282,6 +317,15 @@ impl Limiter {
             states.push((*q, entries.iter().map(|(_, day)| *day).collect()));
             admitted.extend(entries.into_iter().map(|(id, _)| id));
         }
+        // A redelivery of a dispatched message is a duplicate, not a denial, even once its
+        // entry has left the quota's window (marks outlive it): never answered from the cache.
+        let dispatched: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys::sent_key(&self.namespace, &tag))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        admitted.extend(dispatched);
         let Some(frozen) = deny_cache::frozen_until(&states, now) else {
             return Ok(());
         };
@@ -369,13 +413,15 @@ impl Limiter {
     }
 
     /// Groups rules by scope (recipient first: it refuses most often, so later scopes are
-    /// rarely committed and refunded) and builds each scope's script arguments.
+    /// rarely committed and refunded) and builds each scope's script arguments. With `marks`,
+    /// the recipient scope's call also reads the recipient's dispatch marks.
     fn scope_calls<'r>(
         &self,
         rules: &[&'r Rule],
         message: &SendRequest,
         now: DateTime<Utc>,
         zone: Tz,
+        marks: bool,
     ) -> Vec<ScopeCall<'r>> {
         let mut by_scope: BTreeMap<Scope, Vec<(usize, &'r Rule)>> = BTreeMap::new();
         for (index, rule) in rules.iter().enumerate() {
@@ -385,7 +431,7 @@ impl Limiter {
             .into_iter()
             .map(|(scope, rules)| {
                 let tag = keys::scope_tag(&scope.of(message));
-                let mut rule_keys = Vec::with_capacity(2 * rules.len());
+                let mut rule_keys = Vec::with_capacity(2 * rules.len() + 1);
                 let mut rule_args = vec![message.cost.to_string(), rules.len().to_string()];
                 for (_, rule) in &rules {
                     let name = rule.kind.name();
@@ -400,15 +446,30 @@ impl Limiter {
                     rule_args.push(args.len().to_string());
                     rule_args.extend(args.iter().map(i64::to_string));
                 }
+                let reads_marks = marks && scope == Scope::Recipient;
+                if reads_marks {
+                    rule_keys.push(keys::sent_key(&self.namespace, &tag));
+                }
                 let kinds = KindSet::of(rules.iter().map(|(_, r)| r.kind.name()));
                 ScopeCall {
                     rules,
                     keys: rule_keys,
+                    reads_marks,
                     rule_args,
                     script: script::script_for(kinds),
                 }
             })
             .collect()
+    }
+}
+
+impl Evaluation {
+    fn dispatched() -> Evaluation {
+        Evaluation {
+            verdicts: Vec::new(),
+            committed: false,
+            dispatched: true,
+        }
     }
 }
 

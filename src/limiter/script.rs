@@ -119,6 +119,8 @@ pub struct RawResult {
 pub struct ScopeReply {
     /// Whether the scope's rules consumed.
     pub committed: bool,
+    /// The message id holds an unexpired dispatch mark: nothing was checked (no results).
+    pub dispatched: bool,
     /// Each rule's result, in the order the rules were passed.
     pub results: Vec<RawResult>,
 }
@@ -129,8 +131,9 @@ impl FromRedisValue for ScopeReply {
             return Err(format!("decision script replied {v:?}, expected an array").into());
         };
         let mut items = items.into_iter();
-        let committed = match items.next() {
-            Some(Value::Int(c)) => c == 1,
+        let (committed, dispatched) = match items.next() {
+            Some(Value::Int(2)) => (false, true),
+            Some(Value::Int(c)) => (c == 1, false),
             other => return Err(format!("decision script: bad committed flag {other:?}").into()),
         };
         let results = items
@@ -150,6 +153,10 @@ impl FromRedisValue for ScopeReply {
                 })
             })
             .collect::<Result<_, ParsingError>>()?;
-        Ok(ScopeReply { committed, results })
+        Ok(ScopeReply {
+            committed,
+            dispatched,
+            results,
+        })
     }
 }
