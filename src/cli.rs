@@ -323,7 +323,12 @@ async fn check(
         .evaluate(&settings.policy, &request, now, commit)
         .await
         .map_err(|e| service("redis")(&e))?;
-    let out = decision::report(&evaluation.verdicts);
+    let out = if evaluation.dispatched {
+        // With --commit, an id that already went out is a redelivery: nothing was decided.
+        serde_json::json!({"outcome": "duplicate", "rule": null, "retry_after": null, "rules": []})
+    } else {
+        decision::report(&evaluation.verdicts)
+    };
     println!("{out}");
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 
 use chrono::{Duration, SecondsFormat, SubsecRound, Utc};
 use sendquota::clock::ManualClock;
+use sendquota::sent::SentMarks;
 use serde_json::{json, Value};
 use support::{request, TestEnv};
 
@@ -250,6 +251,20 @@ async fn check_decides_without_consuming_unless_commit_and_a_deny_names_the_next
             "rules": [{"rule": "headline", "kind": "calendar_quota", "allowed": false,
                        "remaining": 0, "retry_after": "2026-02-03T00:00:00Z"}],
         })
+    );
+    // Once m1 is dispatched (the worker marks it), committing it again decides nothing.
+    let marks = SentMarks::new(env.redis.clone(), &env.namespace, 3600);
+    let at = "2026-02-02T10:00:00Z";
+    marks
+        .mark("alice", "m1", at.parse().expect("instant"))
+        .await
+        .expect("mark");
+    let duplicate = json!({"outcome": "duplicate", "rule": null, "retry_after": null, "rules": []});
+    assert_eq!(check("m1", at, true).await, duplicate);
+    assert_eq!(
+        check("m1", at, false).await["outcome"],
+        "allow",
+        "a dry run reads no marks"
     );
 }
 

@@ -9,10 +9,14 @@ usage="usage: redis-private.sh single|cluster|stop DIR"
 cmd=${1:?$usage}
 dir=${2:?$usage}
 
+# Ports below the kernel's ephemeral range (bus ports, +10000, too): a port in that range can
+# be the local end of some outgoing connection, which refuses connects (so it looks free) but
+# makes redis-server's bind fail.
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 20000))
+    p=$((10000 + RANDOM % (ephemeral_low - 20000)))
     if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && ! (exec 3<>/dev/tcp/127.0.0.1/$((p + 10000))) 2>/dev/null; then
       echo "$p"; return 0
     fi
@@ -27,7 +31,9 @@ installed() {
 
 wait_ping() { # port
   for _ in $(seq 1 40); do redis-cli -p "$1" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "redis-private.sh: redis-server on port $1 did not answer" >&2; return 1
+  echo "redis-private.sh: redis-server on port $1 did not answer; its log:" >&2
+  tail -n 5 "$dir/redis-$1.log" >&2 2>/dev/null || true
+  return 1
 }
 
 case "$cmd" in
