@@ -14,7 +14,6 @@
 use chrono::{DateTime, Utc};
 
 use crate::limiter::keys;
-use crate::policy::ScopeValue;
 use crate::store::RedisConn;
 
 /// Writes dispatch marks, each kept for a configured time.
@@ -43,7 +42,7 @@ impl SentMarks {
         message_id: &str,
         now: DateTime<Utc>,
     ) -> redis::RedisResult<()> {
-        let key = recipient_key(&self.namespace, recipient);
+        let key = keys::recipient_sent_key(&self.namespace, recipient);
         let now_ms = now.timestamp_millis();
         // One round trip; not atomic, and need not be: each command is right on its own.
         redis::pipe()
@@ -56,12 +55,4 @@ impl SentMarks {
             .exec_async(&mut self.conn.clone())
             .await
     }
-}
-
-/// The mark set of `recipient` under `namespace`.
-fn recipient_key(namespace: &str, recipient: &str) -> String {
-    keys::sent_key(
-        namespace,
-        &keys::scope_tag(&ScopeValue::Recipient(recipient)),
-    )
 }

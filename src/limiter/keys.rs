@@ -54,6 +54,11 @@ pub fn sent_key(namespace: &str, tag: &str) -> String {
     format!("{namespace}:{tag}:sent")
 }
 
+/// [`sent_key`] of `recipient`, for callers that do not hold the recipient's tag already.
+pub fn recipient_sent_key(namespace: &str, recipient: &str) -> String {
+    sent_key(namespace, &scope_tag(&ScopeValue::Recipient(recipient)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

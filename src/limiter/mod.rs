@@ -252,9 +252,11 @@ impl Limiter {
         message: &SendRequest,
         now: DateTime<Utc>,
     ) -> redis::RedisResult<bool> {
-        let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
         let expires: Option<i64> = redis::cmd("ZSCORE")
-            .arg(keys::sent_key(&self.namespace, &tag))
+            .arg(keys::recipient_sent_key(
+                &self.namespace,
+                &message.recipient,
+            ))
             .arg(&message.id)
             .query_async(&mut self.conn.clone())
             .await?;
@@ -300,32 +302,32 @@ impl Limiter {
             }
         }
         let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
-        let mut admitted = HashSet::new();
-        let mut states = Vec::with_capacity(rules.len());
+        // One round trip: each rule's entries, then the recipient's dispatch marks. A
+        // redelivery of a dispatched message is a duplicate, not a denial, even once its entry
+        // has left the quota's window (marks outlive it): never answered from the cache.
+        let mut quotas = Vec::with_capacity(rules.len());
+        let mut read = redis::pipe();
         for rule in rules {
             let Kind::CalendarQuota(q) = &rule.kind else {
                 return Ok(());
             };
-            let key = keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name());
-            let entries: Vec<(String, i64)> = redis::cmd("ZRANGE")
-                .arg(key)
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES")
-                .query_async(&mut self.conn.clone())
-                .await?;
-            states.push((*q, entries.iter().map(|(_, day)| *day).collect()));
+            quotas.push(*q);
+            read.zrange_withscores(
+                keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name()),
+                0,
+                -1,
+            );
+        }
+        read.zrange_withscores(keys::sent_key(&self.namespace, &tag), 0, -1);
+        let replies: Vec<Vec<(String, i64)>> = read.query_async(&mut self.conn.clone()).await?;
+        let mut admitted = HashSet::new();
+        let mut states = Vec::with_capacity(quotas.len());
+        for (index, entries) in replies.into_iter().enumerate() {
+            if let Some(q) = quotas.get(index) {
+                states.push((*q, entries.iter().map(|(_, day)| *day).collect()));
+            }
             admitted.extend(entries.into_iter().map(|(id, _)| id));
         }
-        // A redelivery of a dispatched message is a duplicate, not a denial, even once its
-        // entry has left the quota's window (marks outlive it): never answered from the cache.
-        let dispatched: Vec<String> = redis::cmd("ZRANGE")
-            .arg(keys::sent_key(&self.namespace, &tag))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        admitted.extend(dispatched);
         let Some(frozen) = deny_cache::frozen_until(&states, now) else {
             return Ok(());
         };
