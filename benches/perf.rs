@@ -52,7 +52,7 @@ use redis::Value;
 use sendquota::config::{QueueType, Settings};
 use sendquota::limiter::calendar::{day_number, day_start};
 use sendquota::limiter::deny_cache::DenyCache;
-use sendquota::limiter::keys::{rule_key, scope_tag, sent_key};
+use sendquota::limiter::keys::{recipient_sent_key, rule_key, scope_tag};
 use sendquota::limiter::script::{script_for, source_for, KindSet};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
@@ -598,7 +598,7 @@ impl LuaLoop {
                     let who = format!("{prefix}{}", recipient(i));
                     let key = headline_key(&self.namespace, &who);
                     let ids = format!("{key}:ids");
-                    let marks = sent_key(&self.namespace, &scope_tag(&ScopeValue::Recipient(&who)));
+                    let marks = recipient_sent_key(&self.namespace, &who);
                     pipe.cmd("EVALSHA")
                         .arg(&self.sha)
                         .arg(3)

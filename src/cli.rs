@@ -324,8 +324,7 @@ async fn check(
         .await
         .map_err(|e| service("redis")(&e))?;
     let out = if evaluation.dispatched {
-        // With --commit, an id that already went out is a redelivery: nothing was decided.
-        serde_json::json!({"outcome": "duplicate", "rule": null, "retry_after": null, "rules": []})
+        decision::duplicate_report()
     } else {
         decision::report(&evaluation.verdicts)
     };

@@ -117,6 +117,12 @@ pub fn report(verdicts: &[Verdict]) -> serde_json::Value {
     })
 }
 
+/// The report of a message whose id was dispatched before: nothing was decided, so no outcome
+/// of [`decide`] applies. Same fields as [`report`], for callers that print either.
+pub fn duplicate_report() -> serde_json::Value {
+    serde_json::json!({"outcome": "duplicate", "rule": null, "retry_after": null, "rules": []})
+}
+
 impl Outcome {
     /// The name printed for this outcome.
     pub fn name(&self) -> OutcomeName {
