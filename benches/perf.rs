@@ -10,7 +10,9 @@
 //! - (c) the worker binary end to end (quorum queue, half dispatched and half denied, prefetch
 //!   and concurrency 1000 like the relay), against (a2), with p50/p99 decision latency from its
 //!   /metrics histogram;
-//! - (d) the worker's CPU per message and peak RSS;
+//! - (d) the worker's CPU per message and peak RSS, beside the floor under it: the same broker
+//!   work (the worker's publisher and settler, half the messages published, coalesced acks)
+//!   with nothing decided, run in this process before and after (c);
 //! - (e) Redis memory per active recipient, and the decision rate over 1,000,000 recipients
 //!   against 10,000 (both pools drawn from 1,000,000 pre-populated recipients' keys);
 //! - (f) a hot-recipient workload: new messages to 100 recipients whose whole window is full,
@@ -49,6 +51,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
+use sendquota::acks::Settler;
+use sendquota::broker::Publisher;
 use sendquota::config::{QueueType, Settings};
 use sendquota::limiter::calendar::{day_number, day_start};
 use sendquota::limiter::deny_cache::DenyCache;
@@ -59,6 +63,12 @@ use sendquota::message::SendRequest;
 use sendquota::policy::{Policy, ScopeValue};
 use support::{request, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
+
+/// The worker's allocator, so that the broker floor of (d), run in this process, pays what the
+/// worker pays for its allocations.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The instant every decision phase is anchored on. Decision `i` is simulated at `+i` ms, and
 /// from noon up to 43 million decisions stay on one UTC day.
@@ -823,6 +833,96 @@ async fn relay(env: &TestEnv, n: usize) -> Duration {
     elapsed
 }
 
+/// (d) floor: the worker's broker work with nothing decided. The worker's own [`Publisher`] and
+/// [`Settler`], one task per delivery under a semaphore of the worker's concurrency, every
+/// other delivery published (publisher-confirmed, mandatory) to the dispatch exchange as the
+/// worker dispatches half in (c), every delivery acked through the settler once its outcome
+/// is done. No Redis, no Postgres, no decoding: what is left of (d) once the decisions, the
+/// denial rows and the dispatch marks are taken away. Returns the elapsed time.
+async fn broker_floor(env: &TestEnv, n: usize) -> Duration {
+    let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-floor")
+        .await
+        .expect("amqp connect");
+    let publisher = Publisher::open(&conn).await.expect("publisher channel");
+    let consume = conn.create_channel().await.expect("channel");
+    consume
+        .basic_qos(E2E_PREFETCH, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let (settler, settling) = Settler::spawn(consume.clone());
+    let slots = Arc::new(Semaphore::new(usize::from(E2E_PREFETCH)));
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut progress = Progress::new("d floor: broker work alone", n);
+    let began = Instant::now();
+    let mut consumer = consume
+        .basic_consume(
+            env.names.requests.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let mut done = 0usize;
+    while done < n {
+        tokio::select! {
+            biased;
+            Some(()) = done_rx.recv() => {
+                done += 1;
+                progress.add(1);
+            }
+            d = consumer.next() => {
+                let delivery = d.expect("consumer ended").expect("delivery");
+                let slot = slots.clone().acquire_owned().await.expect("semaphore open");
+                let (publisher, settler, done_tx) =
+                    (publisher.clone(), settler.clone(), done_tx.clone());
+                let exchange = env.names.dispatch.clone();
+                tokio::spawn(async move {
+                    if delivery.delivery_tag % 2 == 1 {
+                        let props = sendquota::broker::json_properties(None, &[]);
+                        publisher
+                            .publish(&exchange, "sms", &delivery.data, props)
+                            .await
+                            .expect("floor publish confirmed and routed");
+                    }
+                    settler.ack(delivery.delivery_tag);
+                    drop(slot);
+                    let _ = done_tx.send(());
+                });
+            }
+        }
+    }
+    settler.finish();
+    settling.await.expect("settler");
+    let elapsed = began.elapsed();
+    drop(consumer);
+    let _ = consume.close(200, "floor done".into()).await;
+    let _ = conn.close(200, "floor done".into()).await;
+    elapsed
+}
+
+/// (d) floor once: queue the bodies, run [`broker_floor`] on them, check half reached the
+/// sink, empty the queues; the bench process's CPU goes into `tally`.
+async fn floor_run(env: &TestEnv, bodies: &[Vec<u8>], procs: &Procs, tally: &mut Tally) {
+    let m = bodies.len();
+    prepublish(env, bodies, "d floor pre-publish").await;
+    let before = procs.snap(None).await;
+    let took = broker_floor(env, m).await;
+    tally.add(before, procs.snap(None).await, m, m / 2, took);
+    let routed = queued(env, &env.dispatched_queue).await;
+    assert!(
+        routed >= m / 2,
+        "the floor run lost messages: {routed} of {} routed",
+        m / 2
+    );
+    for queue in [&env.dispatched_queue, &env.names.requests] {
+        env.channel
+            .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+            .await
+            .expect("purge");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The worker binary.
 
@@ -970,6 +1070,8 @@ struct EndToEnd {
     threads: usize,
     /// Redis commands during the run: (command, calls per message, microseconds per message).
     commands: Vec<(String, f64, f64)>,
+    /// The worker's CPU by thread name: (name, user us per message, system us per message).
+    threads_cpu: Vec<(String, f64, f64)>,
 }
 
 /// Voluntary plus involuntary context switches over every thread of `pid`, and the threads.
@@ -989,6 +1091,36 @@ fn context_switches(pid: u32) -> (u64, usize) {
             .sum::<u64>();
     }
     (total, threads)
+}
+
+/// User and system CPU ticks of every thread of `pid`, summed by thread name, since each
+/// thread started: where in the worker (runtime threads, lapin's I/O thread) the time goes.
+fn thread_ticks(pid: u32) -> BTreeMap<String, (u64, u64)> {
+    let mut by_name = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return by_name;
+    };
+    for task in tasks.filter_map(Result::ok) {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let tick = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let entry = by_name
+            .entry(stat[open + 1..close].to_owned())
+            .or_insert((0, 0));
+        entry.0 += tick(11);
+        entry.1 += tick(12);
+    }
+    by_name
 }
 
 /// (c)/(d): the worker binary decides `n` queued requests.
@@ -1047,6 +1179,13 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
     let commands_after = command_stats(&mut procs.conn.clone()).await;
     let hwm_kib = status_kib(pid, "VmHWM:");
     let (switches, threads) = context_switches(pid);
+    let threads_cpu = thread_ticks(pid)
+        .into_iter()
+        .map(|(name, (user, system))| {
+            let per = |ticks: u64| ticks as f64 * procs.tick_us / n as f64;
+            (name, per(user), per(system))
+        })
+        .collect();
     let mut commands: Vec<(String, f64, f64)> = commands_after
         .iter()
         .map(|(name, &(calls, us))| {
@@ -1084,6 +1223,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
         switches_per_msg: switches as f64 / n as f64,
         threads,
         commands,
+        threads_cpu,
     }
 }
 
@@ -1374,6 +1514,9 @@ async fn main() {
     let (first_relay, returned_first, extra_first) =
         relay_run(&relay_env, &bodies, &procs, &mut a2).await;
 
+    let mut floor = Tally::default();
+    floor_run(&relay_env, &bodies, &procs, &mut floor).await;
+
     // (c) and (d) the worker binary end to end.
     let e2e = {
         let worker_env = TestEnv::with_queue_type("", QueueType::Quorum).await;
@@ -1388,6 +1531,7 @@ async fn main() {
         .await;
         e2e
     };
+    floor_run(&relay_env, &bodies, &procs, &mut floor).await;
     let (second_relay, returned_second, extra_second) =
         relay_run(&relay_env, &bodies, &procs, &mut a2).await;
     if returned_first + returned_second + extra_first + extra_second > 0 {
@@ -1403,6 +1547,9 @@ async fn main() {
         usage.len() - 1,
         cpu_use(&procs, "a2 no-work relay (quorum), 2 runs", &a2),
     );
+    let floor = cpu_use(&procs, "d floor: broker work alone, 2 runs", &floor);
+    let floor_us = floor.bench;
+    usage.insert(usage.len() - 1, floor);
     let a2_rate = a2.rate();
     let c = rate(m, e2e.elapsed);
     lines.push(line(
@@ -1450,6 +1597,18 @@ async fn main() {
         &format!("<= {CPU_MAX_US_PER_MSG:.0} us"),
         Some(e2e.cpu_us_per_msg <= CPU_MAX_US_PER_MSG),
     ));
+    lines.push(line(
+        "(d) floor: the worker's broker work alone",
+        format!("{floor_us:.1} us"),
+        "target",
+        Some(floor_us / CPU_MAX_US_PER_MSG),
+        &format!(
+            "info: lapin, the worker's Publisher and Settler, half published; the worker's \
+             other work costs {:.1} us",
+            e2e.cpu_us_per_msg - floor_us
+        ),
+        None,
+    ));
     let rss_mib = e2e.hwm_kib as f64 / 1024.0;
     lines.push(line(
         "(d) worker peak RSS (VmHWM)",
@@ -1460,8 +1619,15 @@ async fn main() {
         Some(rss_mib <= RSS_MAX_MIB),
     ));
     notes.push(format!(
-        "(d) the worker's {} threads made {:.1} context switches per message",
-        e2e.threads, e2e.switches_per_msg
+        "(d) the worker's {} threads made {:.1} context switches per message; its CPU per \
+         message by thread (user + system us, start-up included): {}",
+        e2e.threads,
+        e2e.switches_per_msg,
+        e2e.threads_cpu
+            .iter()
+            .map(|(name, user, system)| format!("{name} {user:.1} + {system:.1}"))
+            .collect::<Vec<_>>()
+            .join("; ")
     ));
     notes.push(format!(
         "(c) Redis commands per message, server-wide (calls, us executing; EVALSHA's time \

@@ -237,9 +237,15 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 }
                 None => None,
             };
-            worker::run(&settings, clock, failpoint, shutdown_signal())
-                .await
-                .map_err(|e| CliError::Service(e.to_string()))
+            // On a runtime worker thread, not the main thread: deliveries are then handed to
+            // their tasks without waking another thread for each one.
+            let running = tokio::spawn(async move {
+                worker::run(&settings, clock, failpoint, shutdown_signal()).await
+            });
+            match running.await {
+                Ok(ran) => ran.map_err(|e| CliError::Service(e.to_string())),
+                Err(panicked) => std::panic::resume_unwind(panicked.into_panic()),
+            }
         }
         Command::Migrate => {
             let store = DenialStore::connect(&settings.database)
