@@ -56,7 +56,7 @@ use sendquota::broker::Publisher;
 use sendquota::config::{QueueType, Settings};
 use sendquota::limiter::calendar::{day_number, day_start};
 use sendquota::limiter::deny_cache::DenyCache;
-use sendquota::limiter::keys::{recipient_sent_key, rule_key, scope_tag};
+use sendquota::limiter::keys::{ids_key, recipient_sent_key, rule_key, scope_tag};
 use sendquota::limiter::script::{script_for, source_for, KindSet};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
@@ -607,7 +607,7 @@ impl LuaLoop {
                 for i in first..(first + self.pipeline).min(end) {
                     let who = format!("{prefix}{}", recipient(i));
                     let key = headline_key(&self.namespace, &who);
-                    let ids = format!("{key}:ids");
+                    let ids = ids_key(&key);
                     let marks = recipient_sent_key(&self.namespace, &who);
                     pipe.cmd("EVALSHA")
                         .arg(&self.sha)

@@ -1,8 +1,9 @@
 //! The Redis connection: one server or a cluster, behind one type.
 //!
 //! Both are multiplexed, so concurrent script calls from many tasks are pipelined on one
-//! socket. Scripts are always called through `Script::invoke_async` (EVALSHA that reloads the
-//! script on NOSCRIPT), so a Redis restart or failover that forgets scripts costs one reload.
+//! socket. Scripts are always called by EVALSHA that loads the script and repeats the call on
+//! NOSCRIPT (see `limiter::script::call`), so a Redis restart or failover that forgets
+//! scripts costs one reload.
 
 use std::time::Duration;
 

@@ -1,12 +1,17 @@
 //! The worker on a real 3-master Redis Cluster: scopes hash to different slots and nodes, each
 //! scope's rules share one slot, so every script call is single-slot (no CROSSSLOT), and the
-//! outcomes are the same as on one server.
+//! outcomes are the same as on one server. Both topologies get the decision scripts back
+//! after forgetting them.
 
 mod support;
 
 use std::collections::HashMap;
 
 use sendquota::clock::ManualClock;
+use sendquota::config::Settings;
+use sendquota::limiter::Limiter;
+use sendquota::message::SendRequest;
+use sendquota::store::RedisConn;
 use support::{local, request, TestEnv};
 
 #[tokio::test]
@@ -77,4 +82,73 @@ async fn a_refused_global_rule_refunds_recipient_quota_on_another_node() {
         .filter(|k| k.ends_with(":headline:calendar_quota"))
         .collect();
     assert_eq!(headline_keys.len(), 3, "{headline_keys:?}");
+}
+
+/// SCRIPT FLUSH on every master: what a restarted or failed-over Redis looks like to a client
+/// that loaded its scripts before.
+async fn forget_scripts(conn: &RedisConn) {
+    match conn {
+        RedisConn::Single(c) => {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut c.clone())
+                .await
+                .expect("SCRIPT FLUSH");
+        }
+        RedisConn::Cluster(c) => {
+            use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+            let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let mut flush = redis::cmd("SCRIPT");
+            flush.arg("FLUSH");
+            c.clone()
+                .route_command(flush, all)
+                .await
+                .expect("SCRIPT FLUSH on every master");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_redis_that_forgot_the_decision_scripts_is_sent_them_again_and_decides() {
+    let policy = Settings::from_toml(
+        "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n",
+        |_| None,
+    )
+    .expect("valid policy")
+    .policy;
+    let now = local("UTC", "2026-04-01 09:00");
+    let message = |id: &str| {
+        SendRequest::decode(request(id, "alice", "UTC").to_string().as_bytes(), 1 << 16)
+            .expect("valid request")
+    };
+    for (target, settings) in support::redis_targets() {
+        let conn = support::connect_redis(&settings).await;
+        let namespace = support::unique("sqtnoscript");
+        let limiter = Limiter::new(conn.clone(), &namespace);
+        forget_scripts(&conn).await;
+        let first = limiter
+            .evaluate(&policy, &message("m1"), now, true)
+            .await
+            .unwrap_or_else(|e| panic!("{target}: first decision after SCRIPT FLUSH: {e}"));
+        forget_scripts(&conn).await;
+        let second = limiter
+            .evaluate(&policy, &message("m2"), now, true)
+            .await
+            .unwrap_or_else(|e| panic!("{target}: second decision after SCRIPT FLUSH: {e}"));
+        support::delete_keys(&mut conn.clone(), &format!("{namespace}:*")).await;
+        assert!(
+            first.committed,
+            "{target}: the day's first message is admitted"
+        );
+        let refused: Vec<(&str, bool)> = second
+            .verdicts
+            .iter()
+            .map(|v| (v.rule.as_str(), v.allowed))
+            .collect();
+        assert_eq!(
+            (second.committed, refused),
+            (false, vec![("headline", false)]),
+            "{target}: the reloaded script saw the first send"
+        );
+    }
 }

@@ -19,6 +19,17 @@ fn is_plain(b: u8) -> bool {
 /// `:` or whitespace, and different inputs give different outputs.
 pub fn encode(id: &str) -> String {
     let mut out = String::with_capacity(id.len());
+    encode_into(&mut out, id);
+    out
+}
+
+/// [`encode`], appended to `out`. Keys are built for every decision, so they are assembled in
+/// one buffer instead of through `format!`.
+fn encode_into(out: &mut String, id: &str) {
+    if id.bytes().all(is_plain) {
+        out.push_str(id);
+        return;
+    }
     for &b in id.as_bytes() {
         if is_plain(b) {
             out.push(b as char);
@@ -26,24 +37,45 @@ pub fn encode(id: &str) -> String {
             let _ = write!(out, "%{b:02X}");
         }
     }
-    out
 }
 
 /// The hash tag (braces included) shared by all keys of one scope value.
 pub fn scope_tag(scope: &ScopeValue<'_>) -> String {
-    match scope {
-        ScopeValue::Recipient(r) => format!("{{r:{}}}", encode(r)),
-        ScopeValue::Channel(c) => format!("{{c:{}}}", encode(c)),
-        ScopeValue::Category(c) => format!("{{k:{}}}", encode(c)),
-        ScopeValue::Global => "{g}".to_owned(),
+    let (prefix, id) = match scope {
+        ScopeValue::Recipient(r) => ("{r:", *r),
+        ScopeValue::Channel(c) => ("{c:", *c),
+        ScopeValue::Category(c) => ("{k:", *c),
+        ScopeValue::Global => return "{g}".to_owned(),
+    };
+    let mut tag = String::with_capacity(prefix.len() + id.len() + 1);
+    tag.push_str(prefix);
+    encode_into(&mut tag, id);
+    tag.push('}');
+    tag
+}
+
+/// `parts` joined by `:`.
+fn join(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(':');
+        }
+        out.push_str(part);
     }
+    out
 }
 
 /// The key that holds one rule's state for one scope value. The kind is part of the name so a
 /// rule whose kind changes starts afresh instead of reading another kind's data structure, while
 /// a rule whose limits change keeps its counters.
 pub fn rule_key(namespace: &str, tag: &str, rule: &str, kind: &str) -> String {
-    format!("{namespace}:{tag}:{rule}:{kind}")
+    join(&[namespace, tag, rule, kind])
+}
+
+/// The companion key of a rule's key: the message ids it admitted (see lua/decide.lua).
+pub fn ids_key(rule_key: &str) -> String {
+    join(&[rule_key, "ids"])
 }
 
 /// The sorted set of a recipient's dispatched message ids (score: when the mark expires, in
@@ -51,7 +83,7 @@ pub fn rule_key(namespace: &str, tag: &str, rule: &str, kind: &str) -> String {
 /// scope can read it in the same call; with three segments after the namespace it cannot
 /// collide with a rule's key, which has four.
 pub fn sent_key(namespace: &str, tag: &str) -> String {
-    format!("{namespace}:{tag}:sent")
+    join(&[namespace, tag, "sent"])
 }
 
 /// [`sent_key`] of `recipient`, for callers that do not hold the recipient's tag already.
@@ -94,5 +126,18 @@ mod tests {
     #[test]
     fn unicode_and_control_bytes_are_encoded() {
         assert_eq!(encode("Łí\u{1}"), "%C5%81%C3%AD%01");
+        assert_eq!(encode("plain-id_1.x@y+z"), "plain-id_1.x@y+z");
+    }
+
+    #[test]
+    fn every_key_of_a_scope_is_its_parts_joined_by_colons() {
+        let tag = scope_tag(&ScopeValue::Channel("sms"));
+        assert_eq!(tag, "{c:sms}");
+        assert_eq!(scope_tag(&ScopeValue::Category("a b")), "{k:a%20b}");
+        assert_eq!(scope_tag(&ScopeValue::Global), "{g}");
+        let key = rule_key("ns", &tag, "rate", "gcra");
+        assert_eq!(key, "ns:{c:sms}:rate:gcra");
+        assert_eq!(ids_key(&key), "ns:{c:sms}:rate:gcra:ids");
+        assert_eq!(recipient_sent_key("ns", "r1"), "ns:{r:r1}:sent");
     }
 }

@@ -87,9 +87,17 @@ struct ScopeCall<'r> {
     /// Whether the script first looks the message id up in the recipient's dispatch marks.
     reads_marks: bool,
     /// ARGV after NOW_MS, MESSAGE_ID and MODE (see lua/decide.lua): COST, RULE_COUNT, rules.
-    rule_args: Vec<String>,
+    rule_args: Vec<ScriptArg>,
     /// The script carrying the kinds of these rules.
     script: &'static redis::Script,
+}
+
+/// One script argument after the keys: every one is a kind's name or a number, so none is
+/// formatted into a string of its own before it is written into the command.
+#[derive(Debug, Clone, Copy)]
+enum ScriptArg {
+    Text(&'static str),
+    Int(i64),
 }
 
 impl ScopeCall<'_> {
@@ -100,18 +108,26 @@ impl ScopeCall<'_> {
         message_id: &str,
         mode: Mode,
     ) -> redis::RedisResult<T> {
-        let mut invocation = self.script.prepare_invoke();
+        let bytes = self.keys.iter().map(String::len).sum::<usize>() + message_id.len();
+        let mut cmd = script::evalsha(
+            self.script,
+            self.keys.len(),
+            3 + self.rule_args.len(),
+            bytes,
+        );
         for key in &self.keys {
-            invocation.key(key);
+            cmd.arg(key.as_str());
         }
-        invocation
-            .arg(now.timestamp_millis())
+        cmd.arg(now.timestamp_millis())
             .arg(message_id)
             .arg(mode.arg());
         for arg in &self.rule_args {
-            invocation.arg(arg);
+            match *arg {
+                ScriptArg::Text(text) => cmd.arg(text),
+                ScriptArg::Int(n) => cmd.arg(n),
+            };
         }
-        invocation.invoke_async(conn).await
+        script::call(self.script, &cmd, conn).await
     }
 }
 
@@ -403,7 +419,7 @@ impl Limiter {
         let mut cmd = redis::cmd("DEL");
         for rule in policy.rules.iter().filter(|r| r.scope == Scope::Recipient) {
             let key = keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name());
-            cmd.arg(format!("{key}:ids")).arg(key);
+            cmd.arg(keys::ids_key(&key)).arg(key);
             names.push(rule.name.clone());
         }
         if names.is_empty() {
@@ -434,19 +450,20 @@ impl Limiter {
             .map(|(scope, rules)| {
                 let tag = keys::scope_tag(&scope.of(message));
                 let mut rule_keys = Vec::with_capacity(2 * rules.len() + 1);
-                let mut rule_args = vec![message.cost.to_string(), rules.len().to_string()];
+                let mut rule_args = Vec::with_capacity(2 + 8 * rules.len());
+                rule_args.push(ScriptArg::Int(i64::from(message.cost)));
+                rule_args.push(ScriptArg::Int(rules.len() as i64));
                 for (_, rule) in &rules {
                     let name = rule.kind.name();
                     let key = keys::rule_key(&self.namespace, &tag, &rule.name, name);
-                    rule_keys.push(format!("{key}:ids"));
+                    let ids = keys::ids_key(&key);
                     rule_keys.push(key);
-                    let last = rule_keys.len() - 1;
-                    rule_keys.swap(last - 1, last);
+                    rule_keys.push(ids);
                     let args = kinds::args(&rule.kind, now, zone);
-                    rule_args.push(name.to_owned());
-                    rule_args.push(u8::from(rule.on_deny != OnDeny::Shadow).to_string());
-                    rule_args.push(args.len().to_string());
-                    rule_args.extend(args.iter().map(i64::to_string));
+                    rule_args.push(ScriptArg::Text(name));
+                    rule_args.push(ScriptArg::Int(i64::from(rule.on_deny != OnDeny::Shadow)));
+                    rule_args.push(ScriptArg::Int(args.len() as i64));
+                    rule_args.extend(args.into_iter().map(ScriptArg::Int));
                 }
                 let reads_marks = marks && scope == Scope::Recipient;
                 if reads_marks {

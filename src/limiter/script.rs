@@ -78,6 +78,34 @@ pub fn script_for(kinds: KindSet) -> &'static redis::Script {
     SCRIPTS[usize::from(kinds.0)].get_or_init(|| redis::Script::new(&source_for(kinds)))
 }
 
+/// The start of an EVALSHA of `script` with `keys` keys; the caller appends the keys and the
+/// arguments, then sends it with [`call`]. Written directly rather than through
+/// `redis::ScriptInvocation`, which copies every key and argument once more per call. This is
+/// the one place that names the command: every hash sent is that of a script composed from
+/// lua/.
+pub fn evalsha(script: &redis::Script, keys: usize, args: usize, bytes: usize) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(3 + keys + args, 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Sends `cmd`, an [`evalsha`] of `script`. On NOSCRIPT (a restarted or failed-over Redis
+/// forgot the script) it loads `script` and sends `cmd` again, as
+/// `redis::ScriptInvocation::invoke_async` does; on a cluster the load reaches every master.
+pub async fn call<T: FromRedisValue>(
+    script: &redis::Script,
+    cmd: &redis::Cmd,
+    conn: &mut crate::store::RedisConn,
+) -> redis::RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        reply => reply,
+    }
+}
+
 /// What the driver does with a scope's rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
