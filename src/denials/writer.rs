@@ -61,17 +61,18 @@ async fn run(
                 Ok(None) | Err(_) => break,
             }
         }
-        let rows: Vec<DenialRow> = batch.iter().map(|j| j.row.clone()).collect();
+        let (rows, waiting): (Vec<DenialRow>, Vec<_>) =
+            batch.into_iter().map(|job| (job.row, job.done)).unzip();
         match store.insert_batch(&rows).await {
             Ok(recorded) => {
-                for (job, new) in batch.into_iter().zip(recorded) {
-                    let _ = job.done.send(Ok(new));
+                for (done, new) in waiting.into_iter().zip(recorded) {
+                    let _ = done.send(Ok(new));
                 }
             }
             Err(e) => {
                 let message = e.to_string();
-                for job in batch {
-                    let _ = job.done.send(Err(message.clone()));
+                for done in waiting {
+                    let _ = done.send(Err(message.clone()));
                 }
             }
         }
