@@ -256,21 +256,22 @@ impl DenialStore {
             .filter(|(i, _)| first.get(keys[*i].as_str()) == Some(i))
             .map(|(_, r)| r)
             .collect();
-        let column = |f: fn(&DenialRow) -> String| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
+        // Columns borrow from the rows: nothing is copied before sqlx encodes it.
+        let column = |f: fn(&DenialRow) -> &str| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
         // One statement, one implicit transaction: see migrations/*_denial_events.sql.
         let inserted: Vec<(String, String, Option<i64>)> = sqlx::query_as(
             "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
-        .bind(column(|r| r.message_id.clone()))
-        .bind(column(|r| r.recipient.clone()))
-        .bind(column(|r| r.channel.clone()))
-        .bind(column(|r| r.category.clone()))
-        .bind(column(|r| r.rule.clone()))
-        .bind(column(|r| r.kind.clone()))
-        .bind(column(|r| r.reason.clone()))
+        .bind(column(|r| &r.message_id))
+        .bind(column(|r| &r.recipient))
+        .bind(column(|r| &r.channel))
+        .bind(column(|r| &r.category))
+        .bind(column(|r| &r.rule))
+        .bind(column(|r| &r.kind))
+        .bind(column(|r| &r.reason))
         .bind(unique.iter().map(|r| r.shadow).collect::<Vec<_>>())
         .bind(unique.iter().map(|r| r.retry_after).collect::<Vec<_>>())
-        .bind(unique.iter().map(|r| r.message.clone()).collect::<Vec<_>>())
+        .bind(unique.iter().map(|r| &r.message).collect::<Vec<_>>())
         .bind(unique.iter().map(|r| r.denied_at).collect::<Vec<_>>())
         .bind(unique.iter().map(|r| r.replay_of).collect::<Vec<_>>())
         .fetch_all(&self.pool)
