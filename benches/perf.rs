@@ -52,7 +52,7 @@ use lapin::{BasicProperties, Confirmation};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use sendquota::acks::Settler;
-use sendquota::broker::Publisher;
+use sendquota::broker::{Names, Publisher};
 use sendquota::config::{QueueType, Settings};
 use sendquota::limiter::calendar::{day_number, day_start};
 use sendquota::limiter::deny_cache::DenyCache;
@@ -761,8 +761,10 @@ type RelayOne =
 
 /// (a2): consumes the requests queue (quorum) with prefetch 1000 and republishes every
 /// delivery to the dispatch exchange, publisher-confirmed and mandatory as the worker does,
-/// acking after the confirm; all of it concurrently. Returns the elapsed time.
-async fn relay(env: &TestEnv, n: usize) -> Duration {
+/// acking after the confirm; all of it concurrently. Spawned on a runtime thread, as the
+/// worker's session is (deliveries then reach their tasks without waking the main thread).
+/// Returns the elapsed time.
+async fn relay(names: Names, n: usize) -> Duration {
     let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-relay")
         .await
         .expect("amqp connect");
@@ -780,7 +782,7 @@ async fn relay(env: &TestEnv, n: usize) -> Duration {
     let began = Instant::now();
     let mut consumer = consume
         .basic_consume(
-            env.names.requests.as_str().into(),
+            names.requests.as_str().into(),
             "".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
@@ -800,7 +802,7 @@ async fn relay(env: &TestEnv, n: usize) -> Duration {
             d = consumer.next() => {
                 let delivery = d.expect("consumer ended").expect("delivery");
                 let channel = publish.clone();
-                let exchange = env.names.dispatch.clone();
+                let exchange = names.dispatch.clone();
                 in_flight.push(Box::pin(async move {
                     let props = BasicProperties::default()
                         .with_content_type("application/json".into())
@@ -838,8 +840,9 @@ async fn relay(env: &TestEnv, n: usize) -> Duration {
 /// other delivery published (publisher-confirmed, mandatory) to the dispatch exchange as the
 /// worker dispatches half in (c), every delivery acked through the settler once its outcome
 /// is done. No Redis, no Postgres, no decoding: what is left of (d) once the decisions, the
-/// denial rows and the dispatch marks are taken away. Returns the elapsed time.
-async fn broker_floor(env: &TestEnv, n: usize) -> Duration {
+/// denial rows and the dispatch marks are taken away. Spawned on a runtime thread like
+/// [`relay`]. Returns the elapsed time.
+async fn broker_floor(names: Names, n: usize) -> Duration {
     let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-floor")
         .await
         .expect("amqp connect");
@@ -856,7 +859,7 @@ async fn broker_floor(env: &TestEnv, n: usize) -> Duration {
     let began = Instant::now();
     let mut consumer = consume
         .basic_consume(
-            env.names.requests.as_str().into(),
+            names.requests.as_str().into(),
             "".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
@@ -876,7 +879,7 @@ async fn broker_floor(env: &TestEnv, n: usize) -> Duration {
                 let slot = slots.clone().acquire_owned().await.expect("semaphore open");
                 let (publisher, settler, done_tx) =
                     (publisher.clone(), settler.clone(), done_tx.clone());
-                let exchange = env.names.dispatch.clone();
+                let exchange = names.dispatch.clone();
                 tokio::spawn(async move {
                     if delivery.delivery_tag % 2 == 1 {
                         let props = sendquota::broker::json_properties(None, &[]);
@@ -907,7 +910,9 @@ async fn floor_run(env: &TestEnv, bodies: &[Vec<u8>], procs: &Procs, tally: &mut
     let m = bodies.len();
     prepublish(env, bodies, "d floor pre-publish").await;
     let before = procs.snap(None).await;
-    let took = broker_floor(env, m).await;
+    let took = tokio::spawn(broker_floor(env.names.clone(), m))
+        .await
+        .expect("floor task");
     tally.add(before, procs.snap(None).await, m, m / 2, took);
     let routed = queued(env, &env.dispatched_queue).await;
     assert!(
@@ -1305,7 +1310,9 @@ async fn relay_run(
     let m = bodies.len();
     prepublish(env, bodies, "a2 pre-publish").await;
     let before = procs.snap(None).await;
-    let took = relay(env, m).await;
+    let took = tokio::spawn(relay(env.names.clone(), m))
+        .await
+        .expect("relay task");
     tally.add(before, procs.snap(None).await, m, 0, took);
     let routed = queued(env, &env.dispatched_queue).await;
     assert!(
