@@ -755,6 +755,29 @@ async fn prepublish(env: &TestEnv, bodies: &[Vec<u8>], label: &str) {
     }
 }
 
+/// A channel on `conn` with the prefetch of (a2) and (c), for consuming.
+async fn prefetching_channel(conn: &lapin::Connection) -> lapin::Channel {
+    let channel = conn.create_channel().await.expect("channel");
+    channel
+        .basic_qos(E2E_PREFETCH, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    channel
+}
+
+/// Starts consuming the requests queue of `names` on `channel`.
+async fn consume_requests(channel: &lapin::Channel, names: &Names) -> lapin::Consumer {
+    channel
+        .basic_consume(
+            names.requests.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume")
+}
+
 /// One relayed message: publish, wait for its confirm, ack.
 type RelayOne =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), lapin::Error>> + Send>>;
@@ -768,11 +791,7 @@ async fn relay(names: Names, n: usize) -> Duration {
     let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-relay")
         .await
         .expect("amqp connect");
-    let consume = conn.create_channel().await.expect("channel");
-    consume
-        .basic_qos(E2E_PREFETCH, BasicQosOptions::default())
-        .await
-        .expect("qos");
+    let consume = prefetching_channel(&conn).await;
     let publish = conn.create_channel().await.expect("channel");
     publish
         .confirm_select(ConfirmSelectOptions::default())
@@ -780,15 +799,7 @@ async fn relay(names: Names, n: usize) -> Duration {
         .expect("confirm mode");
     let mut progress = Progress::new("a2 relay", n);
     let began = Instant::now();
-    let mut consumer = consume
-        .basic_consume(
-            names.requests.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+    let mut consumer = consume_requests(&consume, &names).await;
     let mut in_flight: FuturesUnordered<RelayOne> = FuturesUnordered::new();
     let mut done = 0usize;
     while done < n {
@@ -847,25 +858,13 @@ async fn broker_floor(names: Names, n: usize) -> Duration {
         .await
         .expect("amqp connect");
     let publisher = Publisher::open(&conn).await.expect("publisher channel");
-    let consume = conn.create_channel().await.expect("channel");
-    consume
-        .basic_qos(E2E_PREFETCH, BasicQosOptions::default())
-        .await
-        .expect("qos");
+    let consume = prefetching_channel(&conn).await;
     let (settler, settling) = Settler::spawn(consume.clone());
     let slots = Arc::new(Semaphore::new(usize::from(E2E_PREFETCH)));
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut progress = Progress::new("d floor: broker work alone", n);
     let began = Instant::now();
-    let mut consumer = consume
-        .basic_consume(
-            names.requests.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+    let mut consumer = consume_requests(&consume, &names).await;
     let mut done = 0usize;
     while done < n {
         tokio::select! {
