@@ -903,22 +903,45 @@ async fn broker_floor(names: Names, n: usize) -> Duration {
     elapsed
 }
 
-/// (d) floor once: queue the bodies, run [`broker_floor`] on them, check half reached the
-/// sink, empty the queues; the bench process's CPU goes into `tally`.
+/// (d) floor once: [`broker_phase`] with [`broker_floor`]; half the bodies must reach the sink.
 async fn floor_run(env: &TestEnv, bodies: &[Vec<u8>], procs: &Procs, tally: &mut Tally) {
     let m = bodies.len();
-    prepublish(env, bodies, "d floor pre-publish").await;
-    let before = procs.snap(None).await;
-    let took = tokio::spawn(broker_floor(env.names.clone(), m))
-        .await
-        .expect("floor task");
-    tally.add(before, procs.snap(None).await, m, m / 2, took);
-    let routed = queued(env, &env.dispatched_queue).await;
+    let (_, routed) = broker_phase(env, bodies, procs, tally, "d floor", m / 2, broker_floor).await;
     assert!(
         routed >= m / 2,
         "the floor run lost messages: {routed} of {} routed",
         m / 2
     );
+    empty_broker_queues(env).await;
+}
+
+/// Queues `bodies`, runs `phase` on them as a task on a runtime thread and charges the CPU
+/// used meanwhile to `tally` (`published` of the bodies count as sent on). Returns the time
+/// `phase` took and how many messages reached the sink.
+async fn broker_phase<F>(
+    env: &TestEnv,
+    bodies: &[Vec<u8>],
+    procs: &Procs,
+    tally: &mut Tally,
+    label: &str,
+    published: usize,
+    phase: fn(Names, usize) -> F,
+) -> (Duration, usize)
+where
+    F: std::future::Future<Output = Duration> + Send + 'static,
+{
+    let m = bodies.len();
+    prepublish(env, bodies, &format!("{label} pre-publish")).await;
+    let before = procs.snap(None).await;
+    let took = tokio::spawn(phase(env.names.clone(), m))
+        .await
+        .unwrap_or_else(|e| panic!("{label} task: {e}"));
+    tally.add(before, procs.snap(None).await, m, published, took);
+    (took, queued(env, &env.dispatched_queue).await)
+}
+
+/// Purges the sink and the requests queue after a broker phase.
+async fn empty_broker_queues(env: &TestEnv) {
     for queue in [&env.dispatched_queue, &env.names.requests] {
         env.channel
             .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
@@ -1307,13 +1330,7 @@ async fn relay_run(
     tally: &mut Tally,
 ) -> (f64, usize, usize) {
     let m = bodies.len();
-    prepublish(env, bodies, "a2 pre-publish").await;
-    let before = procs.snap(None).await;
-    let took = tokio::spawn(relay(env.names.clone(), m))
-        .await
-        .expect("relay task");
-    tally.add(before, procs.snap(None).await, m, 0, took);
-    let routed = queued(env, &env.dispatched_queue).await;
+    let (took, routed) = broker_phase(env, bodies, procs, tally, "a2", 0, relay).await;
     assert!(
         routed >= m,
         "the relay lost messages: {routed} of {m} routed"
@@ -1326,12 +1343,7 @@ async fn relay_run(
             break;
         }
     }
-    for queue in [&env.dispatched_queue, &env.names.requests] {
-        env.channel
-            .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
-            .await
-            .expect("purge");
-    }
+    empty_broker_queues(env).await;
     (rate(m, took), returned, routed - m)
 }
 
