@@ -19,6 +19,7 @@
 
 pub mod acks;
 pub mod admin;
+pub mod amqp;
 pub mod broker;
 pub mod cli;
 pub mod clock;
