@@ -43,15 +43,13 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
-};
+use lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Confirmation};
+use lapin::BasicProperties;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use sendquota::acks::Settler;
+use sendquota::amqp;
 use sendquota::broker::{Names, Publisher};
 use sendquota::config::{QueueType, Settings};
 use sendquota::limiter::calendar::{day_number, day_start};
@@ -756,52 +754,44 @@ async fn prepublish(env: &TestEnv, bodies: &[Vec<u8>], label: &str) {
 }
 
 /// A channel on `conn` with the prefetch of (a2) and (c), for consuming.
-async fn prefetching_channel(conn: &lapin::Connection) -> lapin::Channel {
+async fn prefetching_channel(conn: &amqp::Connection) -> amqp::Channel {
     let channel = conn.create_channel().await.expect("channel");
-    channel
-        .basic_qos(E2E_PREFETCH, BasicQosOptions::default())
-        .await
-        .expect("qos");
+    channel.basic_qos(E2E_PREFETCH).await.expect("qos");
     channel
 }
 
 /// Starts consuming the requests queue of `names` on `channel`.
-async fn consume_requests(channel: &lapin::Channel, names: &Names) -> lapin::Consumer {
+async fn consume_requests(channel: &amqp::Channel, names: &Names) -> amqp::Consumer {
     channel
-        .basic_consume(
-            names.requests.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
+        .basic_consume(&names.requests)
         .await
         .expect("consume")
 }
 
 /// One relayed message: publish, wait for its confirm, ack.
 type RelayOne =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), lapin::Error>> + Send>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), amqp::AmqpError>> + Send>>;
 
 /// (a2): consumes the requests queue (quorum) with prefetch 1000 and republishes every
 /// delivery to the dispatch exchange, publisher-confirmed and mandatory as the worker does,
-/// acking after the confirm; all of it concurrently. Spawned on a runtime thread, as the
-/// worker's session is (deliveries then reach their tasks without waking the main thread).
-/// Returns the elapsed time.
+/// acking after the confirm; all of it concurrently, through the worker's AMQP client (the
+/// cheapest client at hand, so the ceiling is the broker's, not a client's). Spawned on a
+/// runtime thread, as the worker's session is. Returns the elapsed time.
 async fn relay(names: Names, n: usize) -> Duration {
     let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-relay")
         .await
         .expect("amqp connect");
     let consume = prefetching_channel(&conn).await;
     let publish = conn.create_channel().await.expect("channel");
-    publish
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
+    publish.confirm_select().await.expect("confirm mode");
     let mut progress = Progress::new("a2 relay", n);
     let began = Instant::now();
     let mut consumer = consume_requests(&consume, &names).await;
     let mut in_flight: FuturesUnordered<RelayOne> = FuturesUnordered::new();
     let mut done = 0usize;
+    let props = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2);
     while done < n {
         tokio::select! {
             biased;
@@ -812,28 +802,18 @@ async fn relay(names: Names, n: usize) -> Duration {
             }
             d = consumer.next() => {
                 let delivery = d.expect("consumer ended").expect("delivery");
-                let channel = publish.clone();
-                let exchange = names.dispatch.clone();
+                let (publish, consume) = (publish.clone(), consume.clone());
+                let (exchange, props) = (names.dispatch.clone(), props.clone());
                 in_flight.push(Box::pin(async move {
-                    let props = BasicProperties::default()
-                        .with_content_type("application/json".into())
-                        .with_delivery_mode(2);
-                    let confirm = channel
-                        .basic_publish(
-                            exchange.as_str().into(),
-                            "sms".into(),
-                            BasicPublishOptions { mandatory: true, ..Default::default() },
-                            &delivery.data,
-                            props,
-                        )
-                        .await?
+                    let confirm = publish
+                        .publish(&exchange, "sms", true, &props, &delivery.data)
                         .await?;
-                    assert!(
-                        matches!(confirm, Confirmation::Ack(None)),
-                        "relay publish not confirmed and routed: {confirm:?}"
+                    assert_eq!(
+                        confirm,
+                        amqp::Confirmation::Ack,
+                        "relay publish not confirmed and routed"
                     );
-                    delivery.ack(BasicAckOptions::default()).await?;
-                    Ok(())
+                    consume.basic_ack(delivery.delivery_tag, false)
                 }));
             }
         }
@@ -841,8 +821,8 @@ async fn relay(names: Names, n: usize) -> Duration {
     let elapsed = began.elapsed();
     drop(consumer);
     // Close the consuming channel first so the broker has its acks before the connection goes.
-    let _ = consume.close(200, "relay done".into()).await;
-    let _ = conn.close(200, "relay done".into()).await;
+    let _ = consume.close().await;
+    let _ = conn.close(200, "relay done").await;
     elapsed
 }
 
@@ -898,8 +878,8 @@ async fn broker_floor(names: Names, n: usize) -> Duration {
     settling.await.expect("settler");
     let elapsed = began.elapsed();
     drop(consumer);
-    let _ = consume.close(200, "floor done".into()).await;
-    let _ = conn.close(200, "floor done".into()).await;
+    let _ = consume.close().await;
+    let _ = conn.close(200, "floor done").await;
     elapsed
 }
 
@@ -1121,7 +1101,7 @@ fn context_switches(pid: u32) -> (u64, usize) {
 }
 
 /// User and system CPU ticks of every thread of `pid`, summed by thread name, since each
-/// thread started: where in the worker (runtime threads, lapin's I/O thread) the time goes.
+/// thread started: where in the worker (its runtime threads, its other threads) the time goes.
 fn thread_ticks(pid: u32) -> BTreeMap<String, (u64, u64)> {
     let mut by_name = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -1621,7 +1601,7 @@ async fn main() {
         "target",
         Some(floor_us / CPU_MAX_US_PER_MSG),
         &format!(
-            "info: lapin, the worker's Publisher and Settler, half published; the worker's \
+            "info: the worker's AMQP client, Publisher and Settler, half published; the worker's \
              other work costs {:.1} us",
             e2e.cpu_us_per_msg - floor_us
         ),

@@ -18,13 +18,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicAckOptions, BasicNackOptions};
-use lapin::Channel;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use crate::broker::BROKER_TIMEOUT;
+use crate::amqp::{AmqpError, Channel};
 
 /// Longest a finished delivery waits for the deliveries before it before it is acked alone.
 pub const ACK_HOLD: Duration = Duration::from_millis(20);
@@ -125,17 +123,14 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
                             ledger.finished.insert(tag, Some(Instant::now()));
                         }
                         Settle::Requeue(tag) => {
-                            let requeue = BasicNackOptions { requeue: true, multiple: false };
-                            send(&channel, "nack", channel.basic_nack(tag, requeue), &mut failed)
-                                .await;
+                            send("nack", channel.basic_nack(tag, false, true), &mut failed);
                             ledger.finished.insert(tag, None);
                         }
                     }
                     next = rx.try_recv().ok();
                 }
                 if let Some(tag) = ledger.advance() {
-                    let multiple = BasicAckOptions { multiple: true };
-                    send(&channel, "ack", channel.basic_ack(tag, multiple), &mut failed).await;
+                    send("ack", channel.basic_ack(tag, true), &mut failed);
                 }
                 if finishing {
                     break;
@@ -143,39 +138,26 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
             }
             _ = tick.tick() => {
                 for tag in ledger.overdue(Instant::now(), ACK_HOLD) {
-                    let single = BasicAckOptions { multiple: false };
-                    send(&channel, "ack", channel.basic_ack(tag, single), &mut failed).await;
+                    send("ack", channel.basic_ack(tag, false), &mut failed);
                 }
             }
         }
     }
     // Acks still owed now are behind deliveries that never finished: each is sent alone.
     for tag in ledger.overdue(Instant::now(), Duration::ZERO) {
-        let single = BasicAckOptions { multiple: false };
-        send(&channel, "ack", channel.basic_ack(tag, single), &mut failed).await;
+        send("ack", channel.basic_ack(tag, false), &mut failed);
     }
 }
 
-/// Sends one settlement; a failure means the channel is gone and the broker redelivers
-/// everything unsettled, so it is logged once per channel.
-async fn send(
-    channel: &Channel,
-    what: &str,
-    frame: impl std::future::Future<Output = lapin::Result<()>>,
-    failed: &mut bool,
-) {
-    if *failed && !channel.status().connected() {
-        return;
+/// Reports a settlement that could not be queued: the channel is gone and the broker
+/// redelivers everything unsettled, so it is logged once per channel.
+fn send(what: &str, queued: Result<(), AmqpError>, failed: &mut bool) {
+    if let Err(e) = queued {
+        if !*failed {
+            warn!(error = %e, "{what} failed; the broker redelivers what is unsettled");
+        }
+        *failed = true;
     }
-    let error = match tokio::time::timeout(BROKER_TIMEOUT, frame).await {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => "timed out".to_owned(),
-    };
-    if !*failed {
-        warn!(error = %error, "{what} failed; the broker redelivers what is unsettled");
-    }
-    *failed = true;
 }
 
 #[cfg(test)]

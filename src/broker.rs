@@ -10,15 +10,11 @@
 //! Declarations are idempotent, so every worker declares everything at start.
 
 use chrono::{DateTime, Utc};
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-};
 
+use crate::amqp::{
+    AMQPValue, AmqpError, BasicProperties, Channel, Confirmation, Connection, FieldTable,
+    LongString, ShortString,
+};
 use crate::config::QueueType;
 
 /// Header naming why a message was sent to the invalid queue.
@@ -44,7 +40,7 @@ pub const BROKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1
 pub enum BrokerError {
     /// The connection or channel failed.
     #[error("rabbitmq: {0}")]
-    Amqp(#[from] lapin::Error),
+    Amqp(#[from] AmqpError),
     /// The broker refused the message (publisher confirm nack).
     #[error("rabbitmq refused the message published to {exchange:?}")]
     Nacked {
@@ -68,9 +64,6 @@ pub enum BrokerError {
         /// Messages waiting in the requests queue.
         ready: u32,
     },
-    /// A name does not fit in AMQP's 255-byte short string.
-    #[error("name too long for AMQP: {0:?}")]
-    NameTooLong(String),
 }
 
 /// The exchange and queue names of one namespace.
@@ -104,17 +97,13 @@ impl Names {
 
 /// Opens a connection named after the process role.
 pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
-    tokio::time::timeout(BROKER_TIMEOUT, Connection::connect(url, properties))
+    tokio::time::timeout(BROKER_TIMEOUT, Connection::connect(url, name))
         .await
         .map_err(|_| BrokerError::Timeout("connect"))?
         .map_err(BrokerError::from)
 }
 
-fn short(s: &str) -> Result<ShortString, BrokerError> {
-    ShortString::try_new(s).map_err(|_| BrokerError::NameTooLong(s.to_owned()))
-}
-
+/// Arguments choosing the queue type.
 fn queue_args(queue_type: QueueType) -> FieldTable {
     let mut args = FieldTable::default();
     let kind = match queue_type {
@@ -131,44 +120,20 @@ pub async fn declare(
     names: &Names,
     queue_type: QueueType,
 ) -> Result<(), BrokerError> {
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    let requests = short(&names.requests)?;
+    let none = FieldTable::default;
     channel
-        .exchange_declare(
-            requests.clone(),
-            ExchangeKind::Fanout,
-            durable,
-            FieldTable::default(),
-        )
+        .exchange_declare(&names.requests, "fanout", none())
         .await?;
     channel
-        .exchange_declare(
-            short(&names.dispatch)?,
-            ExchangeKind::Topic,
-            durable,
-            FieldTable::default(),
-        )
+        .exchange_declare(&names.dispatch, "topic", none())
         .await?;
     for queue in [&names.requests, &names.invalid] {
         channel
-            .queue_declare(
-                short(queue)?,
-                QueueDeclareOptions::durable(),
-                queue_args(queue_type),
-            )
+            .queue_declare(queue, false, queue_args(queue_type))
             .await?;
     }
     channel
-        .queue_bind(
-            requests.clone(),
-            requests.clone(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
+        .queue_bind(&names.requests, &names.requests, "")
         .await?;
     for ttl in DELAY_TIERS_MS {
         // Classic queues: every message in one has the same TTL, so they expire in order.
@@ -179,11 +144,7 @@ pub async fn declare(
             AMQPValue::LongString(names.requests.as_str().into()),
         );
         channel
-            .queue_declare(
-                short(&names.delay_queue(ttl))?,
-                QueueDeclareOptions::durable(),
-                args,
-            )
+            .queue_declare(&names.delay_queue(ttl), false, args)
             .await?;
     }
     Ok(())
@@ -211,9 +172,7 @@ impl Publisher {
     /// Opens a channel on `connection` and switches it to confirm mode.
     pub async fn open(connection: &Connection) -> Result<Publisher, BrokerError> {
         let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        channel.confirm_select().await?;
         Ok(Publisher { channel })
     }
 
@@ -231,32 +190,20 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
-        let publish = async {
-            self.channel
-                .basic_publish(
-                    short(exchange)?,
-                    short(routing_key)?,
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    body,
-                    properties.with_delivery_mode(2),
-                )
-                .await?
-                .await
-                .map_err(BrokerError::from)
-        };
+        let properties = properties.with_delivery_mode(2);
+        let publish = self
+            .channel
+            .publish(exchange, routing_key, true, &properties, body);
         let confirmation = tokio::time::timeout(BROKER_TIMEOUT, publish)
             .await
             .map_err(|_| BrokerError::Timeout("publish confirm"))??;
         match confirmation {
-            Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
-            Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable {
+            Confirmation::Ack | Confirmation::NotRequested => Ok(()),
+            Confirmation::Returned => Err(BrokerError::Unroutable {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),
             }),
-            Confirmation::Nack(_) => Err(BrokerError::Nacked {
+            Confirmation::Nack => Err(BrokerError::Nacked {
                 exchange: exchange.to_owned(),
             }),
         }

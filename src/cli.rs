@@ -380,7 +380,7 @@ async fn publish(settings: &Settings, file: Option<PathBuf>) -> Result<(), CliEr
         }
     }
     drop(confirms);
-    let _ = connection.close(200, "done".into()).await;
+    let _ = connection.close(200, "done").await;
     println!("published {sent} messages to {}", names.requests);
     Ok(())
 }
@@ -422,7 +422,7 @@ async fn open_publisher(
     settings: &Settings,
     names: &Names,
     role: &str,
-) -> Result<(lapin::Connection, Publisher), CliError> {
+) -> Result<(crate::amqp::Connection, Publisher), CliError> {
     let connection = broker::connect(&settings.amqp.url, role)
         .await
         .map_err(|e| service("rabbitmq")(&e))?;
@@ -485,7 +485,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
     })
     .await;
     bar.finish_and_clear();
-    let _ = connection.close(200, "done".into()).await;
+    let _ = connection.close(200, "done").await;
     let report = result.map_err(|e| CliError::Service(e.to_string()))?;
     let secs = report.elapsed.as_secs_f64();
     println!(

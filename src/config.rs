@@ -416,7 +416,7 @@ fn check_urls(
             ));
         }
     }
-    if !amqp.url.starts_with("amqp://") || amqp.url.parse::<lapin::uri::AMQPUri>().is_err() {
+    if !amqp.url.starts_with("amqp://") || amqp.url.parse::<crate::amqp::AMQPUri>().is_err() {
         return Err(ConfigError::Invalid(
             "amqp url is not valid: expected amqp://user:password@host:port/vhost".to_owned(),
         ));

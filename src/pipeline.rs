@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use lapin::BasicProperties;
 
+use crate::amqp::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::decision::{self, Outcome};

@@ -1,7 +1,6 @@
 //! The worker: owns deliveries, concurrency, retries and acks; the decision is the pipeline's.
 //!
-//! It supervises its broker session itself (lapin's automatic recovery does not survive a
-//! broker restart): when the connection or consumer is lost it reconnects with capped,
+//! It supervises its broker session itself: when the connection or consumer is lost it reconnects with capped,
 //! jittered backoff, declares its topology again and resumes. Messages in flight on the lost
 //! channel cannot be acked any more; the broker redelivers them, which is safe because every
 //! step is idempotent by message id.
@@ -11,14 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lapin::message::Delivery;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, warn};
 
 use crate::acks::Settler;
 use crate::admin::{self, AdminState, Health};
+use crate::amqp::{AmqpError, Delivery, FieldTable};
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -194,17 +191,8 @@ async fn session(
     )
     .await?;
     let channel = connection.create_channel().await?;
-    channel
-        .basic_qos(settings.amqp.prefetch, BasicQosOptions::default())
-        .await?;
-    let mut consumer = channel
-        .basic_consume(
-            pipeline.names.requests.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    channel.basic_qos(settings.amqp.prefetch).await?;
+    let mut consumer = channel.basic_consume(&pipeline.names.requests).await?;
     info!(queue = %pipeline.names.requests, "consuming");
     health.set_consuming(true);
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
@@ -222,13 +210,10 @@ async fn session(
                 // stalled consumer holding all waiting messages within its prefetch shows no
                 // ready ones; its backlog is noticed as soon as more arrive.)
                 if !delivered && slots.available_permits() > 0 {
-                    let declare = channel.queue_declare(
-                        pipeline.names.requests.as_str().into(),
-                        lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
-                        FieldTable::default(),
-                    );
+                    let declare =
+                        channel.queue_declare(&pipeline.names.requests, true, FieldTable::default());
                     let ready = match tokio::time::timeout(broker::BROKER_TIMEOUT, declare).await {
-                        Ok(Ok(queue)) => queue.message_count(),
+                        Ok(Ok(ready)) => ready,
                         Ok(Err(e)) => break Err(e.into()),
                         Err(_) => break Err(BrokerError::Timeout("watchdog check")),
                     };
@@ -258,8 +243,7 @@ async fn session(
                     });
                 }
                 Some(Err(e)) => break Err(e.into()),
-                None => break Err(BrokerError::Amqp(lapin::ErrorKind::InvalidChannelState(
-                    lapin::ChannelState::Closed, "basic.consume").into())),
+                None => break Err(BrokerError::Amqp(AmqpError::Closed("consumer ended"))),
             },
         }
     };
@@ -281,7 +265,7 @@ async fn session(
     }
     let _ = tokio::time::timeout(
         broker::BROKER_TIMEOUT,
-        connection.close(200, "worker stopping".into()),
+        connection.close(200, "worker stopping"),
     )
     .await;
     result
@@ -332,7 +316,7 @@ impl Task {
 }
 
 fn retry_is_pointless(_error: &HandleError, publisher: &Publisher) -> bool {
-    !publisher.channel().status().connected()
+    !publisher.channel().is_open()
 }
 
 fn log_handled(delivery: &Delivery, handled: &Handled) {

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use sendquota::broker::{self, Names, Publisher};
 use sendquota::config::QueueType;
@@ -62,9 +62,15 @@ fn body(i: usize) -> String {
     support::request(&format!("m{i}"), &format!("r{}", i % RECIPIENTS), zone).to_string()
 }
 
+/// A connection through lapin, a client independent of the worker's.
+async fn lapin_connect(url: &str, name: &str) -> lapin::Result<lapin::Connection> {
+    let properties = lapin::ConnectionProperties::default().with_connection_name(name.into());
+    lapin::Connection::connect(url, properties).await
+}
+
 /// Messages still waiting in the requests queue, or None while the broker is away.
 async fn waiting(world: &World) -> Option<u32> {
-    let conn = broker::connect(&world.rabbit.url(), "faults-probe")
+    let conn = lapin_connect(&world.rabbit.url(), "faults-probe")
         .await
         .ok()?;
     let ch = conn.create_channel().await.ok()?;
@@ -167,22 +173,12 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
         .await
         .expect("declare");
     let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare(
-        SINK.into(),
-        QueueDeclareOptions::durable(),
-        FieldTable::default(),
-    )
-    .await
-    .expect("sink");
-    ch.queue_bind(
-        SINK.into(),
-        names.dispatch.as_str().into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .expect("bind sink");
+    ch.queue_declare(SINK, false, FieldTable::default())
+        .await
+        .expect("sink");
+    ch.queue_bind(SINK, &names.dispatch, "#")
+        .await
+        .expect("bind sink");
     let bodies: Vec<String> = (0..MESSAGES).map(body).collect();
     futures_util::stream::iter(bodies.iter())
         .map(|b| {
@@ -196,7 +192,7 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
         .buffer_unordered(256)
         .for_each(|r| async move { r.expect("publish") })
         .await;
-    let _ = conn.close(200, "published".into()).await;
+    let _ = conn.close(200, "published").await;
     eprintln!(
         "published {MESSAGES} in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -224,7 +220,7 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
     until_waiting_at_most(&world, 0, budget).await;
 
     // Let in-flight messages finish, then stop the worker gracefully.
-    let conn = broker::connect(&world.rabbit.url(), "faults-reader")
+    let conn = lapin_connect(&world.rabbit.url(), "faults-reader")
         .await
         .expect("amqp");
     let ch = conn.create_channel().await.expect("channel");

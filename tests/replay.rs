@@ -152,7 +152,7 @@ async fn two_replays_started_together_publish_each_denial_once() {
     let env = TestEnv::new().await;
     seed_denials(&env, 120).await;
     let store = DenialStore::from_pool(env.pool.clone());
-    let second = Publisher::open(&env.amqp).await.expect("publisher");
+    let second = Publisher::open(&env.broker).await.expect("publisher");
     let names = Names::new(&env.namespace);
     let opts = options(5);
     let (a, b) = tokio::join!(

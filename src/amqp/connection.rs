@@ -491,6 +491,9 @@ async fn write_loop(shared: Arc<Shared>, mut writer: OwnedWriteHalf, heartbeat: 
     let mut pending = Vec::with_capacity(READ_CHUNK);
     let mut beat = (!heartbeat.is_zero()).then(|| tokio::time::interval(heartbeat / 2));
     loop {
+        // Let the tasks woken together with this one queue their frames first: the broker
+        // pays per TCP segment it reads, so one fuller write costs it far less than many small.
+        tokio::task::yield_now().await;
         let failed = {
             let mut out = shared.outbox();
             std::mem::swap(&mut out.buf, &mut pending);

@@ -91,8 +91,11 @@ pub struct TestEnv {
     pub names: Names,
     pub redis: RedisConn,
     pub pool: PgPool,
+    /// The tests' own connection, through lapin: an AMQP client independent of the worker's.
     pub amqp: Connection,
     pub channel: Channel,
+    /// A connection through the worker's client, for its [`Publisher`].
+    pub broker: sendquota::amqp::Connection,
     pub publisher: Publisher,
     /// A queue bound to the dispatch exchange with `#`: every dispatched message lands here.
     pub dispatched_queue: String,
@@ -193,18 +196,22 @@ impl TestEnv {
             .connect(&database_url)
             .await
             .expect("connect test database");
-        let amqp = broker::connect(&amqp_url(), "sendquota-test")
+        let unreachable = |e: &dyn std::fmt::Display| -> ! {
+            panic!(
+                "rabbitmq not reachable at {}: {e}; {START_HINT}",
+                amqp_url()
+            )
+        };
+        let amqp = lapin_connect("sendquota-test")
             .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "rabbitmq not reachable at {}: {e}; {START_HINT}",
-                    amqp_url()
-                )
-            });
+            .unwrap_or_else(|e| unreachable(&e));
         let channel = amqp.create_channel().await.expect("amqp channel");
-        let publisher = Publisher::open(&amqp).await.expect("amqp publisher");
+        let broker = broker::connect(&amqp_url(), "sendquota-test")
+            .await
+            .unwrap_or_else(|e| unreachable(&e));
+        let publisher = Publisher::open(&broker).await.expect("amqp publisher");
         let names = Names::new(&namespace);
-        broker::declare(&channel, &names, settings.amqp.queue_type)
+        broker::declare(publisher.channel(), &names, settings.amqp.queue_type)
             .await
             .expect("declare topology");
         let dispatched_queue = format!("{namespace}.test.dispatched");
@@ -236,6 +243,7 @@ impl TestEnv {
             pool,
             amqp,
             channel,
+            broker,
             publisher,
             dispatched_queue,
             worker_stop: None,
@@ -456,7 +464,7 @@ async fn cleanup(
     dispatched: String,
     cluster: bool,
 ) {
-    if let Ok(conn) = broker::connect(&amqp_url(), "sendquota-test-cleanup").await {
+    if let Ok(conn) = lapin_connect("sendquota-test-cleanup").await {
         if let Ok(ch) = conn.create_channel().await {
             let mut queues = vec![names.requests.clone(), names.invalid.clone(), dispatched];
             queues.extend(DELAY_TIERS_MS.iter().map(|t| names.delay_queue(*t)));
@@ -493,6 +501,12 @@ async fn cleanup(
         .await;
         admin.close().await;
     }
+}
+
+/// A lapin connection to the test broker, named `name`.
+pub async fn lapin_connect(name: &str) -> lapin::Result<Connection> {
+    let properties = lapin::ConnectionProperties::default().with_connection_name(name.into());
+    Connection::connect(&amqp_url(), properties).await
 }
 
 /// The earliest instant at which the local wall time in `zone` reads `local`
