@@ -1,9 +1,9 @@
 //! The worker: owns deliveries, concurrency, retries and acks; the decision is the pipeline's.
 //!
-//! It supervises its broker session itself: when the connection or consumer is lost it reconnects with capped,
-//! jittered backoff, declares its topology again and resumes. Messages in flight on the lost
-//! channel cannot be acked any more; the broker redelivers them, which is safe because every
-//! step is idempotent by message id.
+//! It supervises its broker session itself: when the connection or consumer is lost it
+//! reconnects with capped, jittered backoff, declares its topology again and resumes. Messages
+//! in flight on the lost channel cannot be acked any more; the broker redelivers them, which is
+//! safe because every step is idempotent by message id.
 
 use std::future::Future;
 use std::sync::Arc;
