@@ -103,8 +103,8 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
         .map_err(BrokerError::from)
 }
 
-/// Arguments choosing the queue type.
-fn queue_args(queue_type: QueueType) -> FieldTable {
+/// Queue arguments choosing the queue type (`x-queue-type`).
+pub fn queue_args(queue_type: QueueType) -> FieldTable {
     let mut args = FieldTable::default();
     let kind = match queue_type {
         QueueType::Quorum => "quorum",

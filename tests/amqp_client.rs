@@ -10,6 +10,8 @@ use sendquota::amqp::{
     AMQPValue, AmqpError, BasicProperties, Channel, Confirmation, Connection, Consumer, Delivery,
     FieldTable,
 };
+use sendquota::broker;
+use sendquota::config::QueueType;
 use support::{amqp_url, unique, START_HINT};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -25,26 +27,21 @@ async fn connect() -> Connection {
         })
 }
 
-fn quorum() -> FieldTable {
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    args
-}
-
-/// A fanout exchange bound to a quorum queue, both named `name`, removed by [`teardown`].
-async fn exchange_and_queue(channel: &Channel, name: &str) {
+/// A connection, a channel on it, and a fanout exchange bound to a quorum queue, both named
+/// `name` (removed by [`teardown`]).
+async fn with_queue(name: &str) -> (Connection, Channel) {
+    let conn = connect().await;
+    let channel = conn.create_channel().await.expect("channel");
     channel
         .exchange_declare(name, "fanout", FieldTable::default())
         .await
         .expect("declare exchange");
     channel
-        .queue_declare(name, false, quorum())
+        .queue_declare(name, false, broker::queue_args(QueueType::Quorum))
         .await
         .expect("declare queue");
     channel.queue_bind(name, name, "").await.expect("bind");
+    (conn, channel)
 }
 
 async fn teardown(name: &str) {
@@ -61,9 +58,7 @@ async fn teardown(name: &str) {
 #[tokio::test]
 async fn published_messages_arrive_whole_with_their_properties_and_acks_remove_them() {
     let name = unique("amqp_roundtrip");
-    let conn = connect().await;
-    let publisher = conn.create_channel().await.expect("channel");
-    exchange_and_queue(&publisher, &name).await;
+    let (conn, publisher) = with_queue(&name).await;
     publisher.confirm_select().await.expect("confirm mode");
     // The large body spans several frames of the negotiated 128 KiB maximum.
     let bodies: Vec<Vec<u8>> = vec![
@@ -131,9 +126,7 @@ async fn next(consumer: &mut Consumer) -> Delivery {
 #[tokio::test]
 async fn a_nacked_delivery_comes_back_marked_redelivered_and_a_multiple_ack_settles_the_rest() {
     let name = unique("amqp_nack");
-    let conn = connect().await;
-    let channel = conn.create_channel().await.expect("channel");
-    exchange_and_queue(&channel, &name).await;
+    let (conn, channel) = with_queue(&name).await;
     channel.confirm_select().await.expect("confirm mode");
     for i in 0..3 {
         let properties = BasicProperties::default().with_message_id(format!("n{i}").into());
@@ -261,9 +254,7 @@ async fn a_broker_error_closes_only_its_channel_and_reaches_every_waiting_caller
 #[tokio::test]
 async fn closing_the_connection_ends_its_consumers_with_an_error() {
     let name = unique("amqp_close");
-    let conn = connect().await;
-    let channel = conn.create_channel().await.expect("channel");
-    exchange_and_queue(&channel, &name).await;
+    let (conn, channel) = with_queue(&name).await;
     let mut consumer = channel.basic_consume(&name).await.expect("consume");
     conn.close(200, "test done").await.expect("close");
     let ended = tokio::time::timeout(WAIT, consumer.next())
