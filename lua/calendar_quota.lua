@@ -15,15 +15,24 @@
 -- is recognised as already admitted exactly while its entry is inside the window. A denied
 -- attempt writes nothing.
 
-local function calendar_counts(key, args)
+-- The key's entries: scores of those inside the window ending today, whether ctx.id is among
+-- them, and how many entries are older than the window (the set is sorted by score, and holds
+-- at most a window's admissions plus a few stale ones, so one read of all of it is the cheapest).
+local function calendar_read(key, args, ctx)
   local today, days = tonumber(args[1]), tonumber(args[4])
   local first = today - days + 1
-  local entries = redis.call('ZRANGEBYSCORE', key, first, '+inf', 'WITHSCORES')
-  local scores = {}
-  for i = 2, #entries, 2 do
-    scores[#scores + 1] = tonumber(entries[i])
+  local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local scores, stale, admitted = {}, 0, false
+  for i = 1, #entries, 2 do
+    local s = tonumber(entries[i + 1])
+    if s < first then
+      stale = stale + 1
+    else
+      scores[#scores + 1] = s
+      if entries[i] == ctx.id then admitted = true end
+    end
   end
-  return scores, today, first
+  return scores, stale, admitted, today
 end
 
 -- Sends counted against day `day`: {entries on that day, entries in the window ending that day}
@@ -39,11 +48,10 @@ end
 KINDS.calendar_quota = {
   check = function(key, _, args, ctx)
     local per_day, per_window, days = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
-    local scores, today, first = calendar_counts(key, args)
+    local scores, stale, admitted, today = calendar_read(key, args, ctx)
     local on_day, in_window = calendar_usage(scores, today, days)
     local left = math.min(per_day - on_day, per_window - in_window)
-    local admitted = redis.call('ZSCORE', key, ctx.id)
-    if admitted and tonumber(admitted) >= first then
+    if admitted then
       return {1, 1, math.max(left, 0), -1, 0}
     end
     local newest = today
@@ -51,9 +59,10 @@ KINDS.calendar_quota = {
       if s > newest then newest = s end
     end
     -- For commit (which decide.lua runs only after check): the newest day once today's entry
-    -- is in, since entries before the window only ever leave.
-    ctx.calendar_newest = ctx.calendar_newest or {}
-    ctx.calendar_newest[key] = newest
+    -- is in, since entries before the window only ever leave; and whether the key is created
+    -- anew (it is when no entry stays inside the window).
+    ctx.calendar = ctx.calendar or {}
+    ctx.calendar[key] = {newest = newest, stale = stale, fresh = #scores == 0}
     if left > 0 then
       return {1, 0, left - 1, -1, 0}
     end
@@ -70,12 +79,15 @@ KINDS.calendar_quota = {
 
   commit = function(key, _, args, ctx)
     local today, days = tonumber(args[1]), tonumber(args[4])
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - days + 1))
+    local seen = ctx.calendar[key]
+    if seen.stale > 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - days + 1))
+    end
     redis.call('ZADD', key, today, ctx.id)
     -- An entry scored after today (the recipient's zone moved west) keeps the key one more
     -- day of UTC-12 (24 hours) per day it is ahead.
-    local ahead = math.max(ctx.calendar_newest[key] - today, 0)
-    expire_in_at_least(key, tonumber(args[5]) + ahead * 86400000)
+    local ahead = math.max(seen.newest - today, 0)
+    expire_in_at_least(key, tonumber(args[5]) + ahead * 86400000, seen.fresh)
   end,
 
   refund = function(key, _, _, ctx)

@@ -25,11 +25,16 @@ end
 -- Make sure `key` lives at least `ttl_ms` more milliseconds. Expiries are durations computed
 -- from the worker's clock, never absolute instants: Redis measures them on its own clock, which
 -- may differ from the worker's (skew, or a simulated clock in tests). An expiry is never
--- shortened, and a key always has one after this call.
-local function expire_in_at_least(key, ttl_ms)
+-- shortened, and a key always has one after this call. `fresh` says the caller created the key
+-- in this script (it has no expiry yet), which saves the extra calls.
+local function expire_in_at_least(key, ttl_ms, fresh)
   ttl_ms = math.max(math.ceil(ttl_ms), 1)
-  local current = redis.call('PTTL', key)
-  if current < 0 or current < ttl_ms then
+  if fresh then
+    redis.call('PEXPIRE', key, ttl_ms)
+    return
+  end
+  -- GT treats a key without expiry as living forever, so a 0 here may also mean "no expiry".
+  if redis.call('PEXPIRE', key, ttl_ms, 'GT') == 0 and redis.call('PTTL', key) == -1 then
     redis.call('PEXPIRE', key, ttl_ms)
   end
 end
