@@ -8,7 +8,7 @@
 use std::fmt;
 
 use chrono_tz::Tz;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Largest body the worker accepts by default; larger ones are invalid (a producer bug, or an
 /// attempt to make the worker buffer arbitrary amounts of memory).
@@ -87,6 +87,23 @@ pub struct SendRequest {
     pub payload: serde_json::Value,
 }
 
+/// The stored form of a request (see [`SendRequest::to_json`]). Serialising it cannot fail:
+/// every field is a string, a number or an already valid JSON value.
+#[derive(Serialize)]
+struct Stored<'a> {
+    id: &'a str,
+    recipient: &'a str,
+    channel: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timezone: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a serde_json::Value>,
+}
+
 /// The wire shape, deserialised before validation. Unknown fields are rejected so that a typo
 /// such as `timezon` is reported instead of silently falling back to the default zone.
 #[derive(Deserialize)]
@@ -150,24 +167,25 @@ impl SendRequest {
     /// It decodes to an equal request and is never longer than a compact original, so a
     /// request accepted at the size limit can still be replayed.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "id": self.id,
-            "recipient": self.recipient,
-            "channel": self.channel,
-        });
-        if self.category != "default" {
-            v["category"] = serde_json::Value::String(self.category.clone());
+        serde_json::to_value(self.stored()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// [`SendRequest::to_json`] as compact text, written straight from the request: the
+    /// worker's denial path, which would otherwise build and free a JSON tree per denial.
+    pub fn to_json_text(&self) -> String {
+        serde_json::to_string(&self.stored()).unwrap_or_default()
+    }
+
+    fn stored(&self) -> Stored<'_> {
+        Stored {
+            id: &self.id,
+            recipient: &self.recipient,
+            channel: &self.channel,
+            category: Some(self.category.as_str()).filter(|c| *c != "default"),
+            timezone: self.timezone.map(|tz| tz.name()),
+            cost: Some(self.cost).filter(|c| *c != 1),
+            payload: Some(&self.payload).filter(|p| !p.is_null()),
         }
-        if let Some(tz) = self.timezone {
-            v["timezone"] = serde_json::Value::String(tz.name().to_owned());
-        }
-        if self.cost != 1 {
-            v["cost"] = self.cost.into();
-        }
-        if !self.payload.is_null() {
-            v["payload"] = self.payload.clone();
-        }
-        v
     }
 
     /// The zone the recipient's calendar days are counted in.
@@ -309,5 +327,33 @@ mod tests {
                 limit: body.len() - 1
             })
         );
+    }
+
+    #[test]
+    fn the_stored_form_leaves_defaults_out_and_its_text_is_the_same_json() {
+        let full = decode(
+            r#"{"id":"m1","recipient":"u","channel":"sms","category":"marketing",
+                "timezone":"Asia/Shanghai","cost":3,"payload":{"a":[1,"x"]}}"#,
+        )
+        .expect("valid");
+        let plain =
+            decode(r#"{"id":"m2","recipient":"u","channel":"sms","category":"default","cost":1}"#)
+                .expect("valid");
+        assert_eq!(
+            full.to_json(),
+            serde_json::json!({"id": "m1", "recipient": "u", "channel": "sms",
+                "category": "marketing", "timezone": "Asia/Shanghai", "cost": 3,
+                "payload": {"a": [1, "x"]}})
+        );
+        assert_eq!(
+            plain.to_json(),
+            serde_json::json!({"id": "m2", "recipient": "u", "channel": "sms"})
+        );
+        for m in [full, plain] {
+            let text: serde_json::Value =
+                serde_json::from_str(&m.to_json_text()).expect("text is JSON");
+            assert_eq!(text, m.to_json());
+            assert_eq!(decode(&m.to_json_text()), Ok(m));
+        }
     }
 }

@@ -185,7 +185,7 @@ fn row(
         reason: "test".to_owned(),
         shadow: false,
         retry_after: None,
-        message: serde_json::json!({ "id": id }),
+        message: serde_json::json!({ "id": id }).to_string(),
         denied_at,
         replay_of,
     }

@@ -93,8 +93,9 @@ pub struct DenialRow {
     pub shadow: bool,
     /// When the message could be sent.
     pub retry_after: Option<DateTime<Utc>>,
-    /// The request, defaults filled in.
-    pub message: serde_json::Value,
+    /// The request as JSON text ([`SendRequest::to_json_text`]): the worker writes it without
+    /// building a JSON tree, and Postgres parses it into the jsonb column.
+    pub message: String,
     /// The decision instant.
     pub denied_at: DateTime<Utc>,
     /// The denial a replayed message came from.
@@ -114,7 +115,7 @@ impl From<&NewDenial<'_>> for DenialRow {
             reason: d.reason.clone(),
             shadow: d.shadow,
             retry_after: d.retry_after,
-            message: m.to_json(),
+            message: m.to_json_text(),
             denied_at: d.denied_at,
             replay_of: d.replay_of,
         }
@@ -260,7 +261,7 @@ impl DenialStore {
         let column = |f: fn(&DenialRow) -> &str| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
         // One statement, one implicit transaction: see migrations/*_denial_events.sql.
         let inserted: Vec<(String, String, Option<i64>)> = sqlx::query_as(
-            "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb[], $11, $12)",
         )
         .bind(column(|r| &r.message_id))
         .bind(column(|r| &r.recipient))
@@ -271,7 +272,7 @@ impl DenialStore {
         .bind(column(|r| &r.reason))
         .bind(unique.iter().map(|r| r.shadow).collect::<Vec<_>>())
         .bind(unique.iter().map(|r| r.retry_after).collect::<Vec<_>>())
-        .bind(unique.iter().map(|r| &r.message).collect::<Vec<_>>())
+        .bind(column(|r| &r.message))
         .bind(unique.iter().map(|r| r.denied_at).collect::<Vec<_>>())
         .bind(unique.iter().map(|r| r.replay_of).collect::<Vec<_>>())
         .fetch_all(&self.pool)
