@@ -776,7 +776,7 @@ type RelayOne =
 /// delivery to the dispatch exchange, publisher-confirmed and mandatory as the worker does,
 /// acking after the confirm; all of it concurrently, through the worker's AMQP client (the
 /// cheapest client at hand, so the ceiling is the broker's, not a client's). Spawned on a
-/// runtime thread, as the worker's session is. Returns the elapsed time.
+/// runtime shaped like the worker's (see [`on_worker_runtime`]). Returns the elapsed time.
 async fn relay(names: Names, n: usize) -> Duration {
     let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-relay")
         .await
@@ -831,8 +831,8 @@ async fn relay(names: Names, n: usize) -> Duration {
 /// other delivery published (publisher-confirmed, mandatory) to the dispatch exchange as the
 /// worker dispatches half in (c), every delivery acked through the settler once its outcome
 /// is done. No Redis, no Postgres, no decoding: what is left of (d) once the decisions, the
-/// denial rows and the dispatch marks are taken away. Spawned on a runtime thread like
-/// [`relay`]. Returns the elapsed time.
+/// denial rows and the dispatch marks are taken away. Runs on a runtime like [`relay`].
+/// Returns the elapsed time.
 async fn broker_floor(names: Names, n: usize) -> Duration {
     let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-floor")
         .await
@@ -895,7 +895,7 @@ async fn floor_run(env: &TestEnv, bodies: &[Vec<u8>], procs: &Procs, tally: &mut
     empty_broker_queues(env).await;
 }
 
-/// Queues `bodies`, runs `phase` on them as a task on a runtime thread and charges the CPU
+/// Queues `bodies`, runs `phase` on them with [`on_worker_runtime`] and charges the CPU
 /// used meanwhile to `tally` (`published` of the bodies count as sent on). Returns the time
 /// `phase` took and how many messages reached the sink.
 async fn broker_phase<F>(
@@ -913,11 +913,34 @@ where
     let m = bodies.len();
     prepublish(env, bodies, &format!("{label} pre-publish")).await;
     let before = procs.snap(None).await;
-    let took = tokio::spawn(phase(env.names.clone(), m))
+    let took = on_worker_runtime(phase(env.names.clone(), m))
         .await
-        .unwrap_or_else(|e| panic!("{label} task: {e}"));
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
     tally.add(before, procs.snap(None).await, m, published, took);
     (took, queued(env, &env.dispatched_queue).await)
+}
+
+/// Runs `phase` as a task on a runtime of its own with as many threads as the worker runs on by
+/// default (`worker.threads`), on a thread of its own: the relay and the floor then pay for
+/// their threads what the worker pays for its, not what this process's runtime would.
+async fn on_worker_runtime<F>(phase: F) -> Result<Duration, String>
+where
+    F: std::future::Future<Output = Duration> + Send + 'static,
+{
+    let threads = sendquota::config::WorkerSettings::default().threads;
+    let (done, finished) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let ran = sendquota::cli::runtime(threads)
+            .map_err(|e| format!("runtime: {e}"))
+            .and_then(|rt| {
+                rt.block_on(async move { tokio::spawn(phase).await })
+                    .map_err(|e| format!("task: {e}"))
+            });
+        let _ = done.send(ran);
+    });
+    finished
+        .await
+        .map_err(|_| "its thread ended without a result".to_owned())?
 }
 
 /// Purges the sink and the requests queue after a broker phase.

@@ -218,9 +218,31 @@ fn service(what: &str) -> impl Fn(&dyn std::fmt::Display) -> CliError + '_ {
     }
 }
 
-/// Runs a parsed command line to completion.
-pub async fn run(cli: Cli) -> Result<(), CliError> {
+/// Loads the configuration, builds the runtime the command runs on (the worker's has
+/// `worker.threads` threads) and runs the command to completion.
+pub fn start(cli: Cli) -> Result<(), CliError> {
     let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok())?;
+    let threads = match cli.command {
+        Command::Worker { .. } => settings.worker.threads,
+        _ => 0,
+    };
+    runtime(threads)
+        .map_err(|e| CliError::Service(format!("tokio runtime: {e}")))?
+        .block_on(run(cli, settings))
+}
+
+/// A multi-threaded tokio runtime with `threads` worker threads (0 = one per CPU, or as
+/// `TOKIO_WORKER_THREADS` says). Also used by the perf bench, so that what it measures beside
+/// the worker runs on the same shape of runtime.
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if threads > 0 {
+        builder.worker_threads(threads);
+    }
+    builder.enable_all().build()
+}
+
+async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
     match cli.command {
         Command::Worker { now } => {
             let clock: Arc<dyn Clock> = match now {

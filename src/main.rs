@@ -9,11 +9,10 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = sendquota::cli::Cli::parse();
     sendquota::telemetry::init_logging();
-    match sendquota::cli::run(cli).await {
+    match sendquota::cli::start(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!(

@@ -42,6 +42,7 @@ refused! {
     unknown_on_deny => "config file FILE: line 4: unknown on_deny \"ignore\" (expected drop, delay \
         or shadow)",
     per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
+    too_many_threads => "worker.threads must be at most 1024 (0 = one per CPU)",
 }
 
 #[test]

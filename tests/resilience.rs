@@ -1,5 +1,6 @@
 //! The worker supervises itself: a consumer that silently stops is restarted by the watchdog,
-//! and SIGTERM drains in-flight messages and exits cleanly without losing any.
+//! and SIGTERM drains in-flight messages and exits cleanly without losing any. The binary runs
+//! on the number of runtime threads its configuration asks for.
 
 mod support;
 
@@ -74,36 +75,14 @@ async fn sigterm_finishes_in_flight_messages_exits_0_and_loses_nothing() {
         ))
         .await;
     }
-    let worker = Command::new(env!("CARGO_BIN_EXE_sendquota"))
-        .args([
-            "--config",
-            config.to_str().expect("utf-8"),
-            "worker",
-            "--now",
-            "2026-04-01T09:00:00Z",
-        ])
-        .env("SENDQUOTA_NAMESPACE", &env.namespace)
-        .env("SENDQUOTA_REDIS_URL", support::redis_url())
-        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
-        .env("SENDQUOTA_ADMIN_LISTEN", "")
-        .env("SENDQUOTA_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the worker");
+    let worker = spawn_worker(&env, &config);
     // Stop it while it is busy.
     let deadline = Instant::now() + Duration::from_secs(20);
     while queued(&env).await as usize > n * 3 / 4 {
         assert!(Instant::now() < deadline, "the worker started consuming");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let pid = worker.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill")
-        .success());
+    terminate(&worker);
     let out = worker.wait_with_output().expect("wait for the worker");
     let _ = std::fs::remove_file(&config);
     assert_eq!(
@@ -124,4 +103,71 @@ async fn sigterm_finishes_in_flight_messages_exits_0_and_loses_nothing() {
         n,
         "nothing lost or doubled"
     );
+}
+
+#[tokio::test]
+async fn the_worker_runs_on_as_many_runtime_threads_as_configured() {
+    let env = TestEnv::new().await;
+    for (worker_toml, threads) in [("", 1), ("[worker]\nthreads = 3\n", 3)] {
+        let config = std::env::temp_dir().join(format!("{}-threads{threads}.toml", env.namespace));
+        std::fs::write(
+            &config,
+            format!("[amqp]\nqueue_type = \"classic\"\n{worker_toml}"),
+        )
+        .expect("config");
+        let id = format!("m-threads{threads}");
+        env.publish(&request(&id, &id, "UTC")).await;
+        let worker = spawn_worker(&env, &config);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !env.take_dispatched().await.contains(&id) {
+            assert!(Instant::now() < deadline, "{id} dispatched");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let runtime_threads = std::fs::read_dir(format!("/proc/{}/task", worker.id()))
+            .expect("the worker's threads")
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "tokio-rt-worker")
+            .count();
+        terminate(&worker);
+        let out = worker.wait_with_output().expect("wait for the worker");
+        let _ = std::fs::remove_file(&config);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(runtime_threads, threads, "config {worker_toml:?}");
+    }
+}
+
+/// Starts the worker binary on `config`, against `env`'s services and namespace.
+fn spawn_worker(env: &TestEnv, config: &std::path::Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_sendquota"))
+        .args([
+            "--config",
+            config.to_str().expect("utf-8"),
+            "worker",
+            "--now",
+            "2026-04-01T09:00:00Z",
+        ])
+        .env("SENDQUOTA_NAMESPACE", &env.namespace)
+        .env("SENDQUOTA_REDIS_URL", support::redis_url())
+        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
+        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
+        .env("SENDQUOTA_ADMIN_LISTEN", "")
+        .env("SENDQUOTA_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the worker")
+}
+
+/// Sends SIGTERM to `worker`.
+fn terminate(worker: &std::process::Child) {
+    assert!(Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status()
+        .expect("kill")
+        .success());
 }
