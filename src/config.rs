@@ -178,7 +178,7 @@ pub struct WorkerSettings {
     /// Runtime threads the worker runs on; 0 = one per CPU. One is the default: a thread
     /// decides tens of thousands of messages a second, more than one consumer receives, and
     /// a second thread only adds wake-ups between threads (measured: about a fifth more CPU
-    /// per message; see README, Measuring). More throughput comes from more worker processes.
+    /// per message; see README, Operator guide). More throughput comes from more worker processes.
     pub threads: usize,
     /// Messages decided at the same time.
     pub concurrency: usize,
