@@ -176,9 +176,9 @@ pub struct DatabaseSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
     /// Runtime threads the worker runs on; 0 = one per CPU. One is the default: a thread
-    /// decides tens of thousands of messages a second, more than one consumer receives, and
-    /// a second thread only adds wake-ups between threads (measured: about a fifth more CPU
-    /// per message; see README, Operator guide). More throughput comes from more worker processes.
+    /// decides tens of thousands of messages a second, more than one consumer receives, and a
+    /// second thread only adds wake-ups between threads (measured: about a fifth more CPU per
+    /// message; see the README's operator guide). More throughput comes from more workers.
     pub threads: usize,
     /// Messages decided at the same time.
     pub concurrency: usize,
