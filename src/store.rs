@@ -14,6 +14,48 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::config::RedisSettings;
 
+/// The oldest Redis the decision scripts run on: they raise expiries with `PEXPIRE ... GT`,
+/// which Redis 7.0 introduced. An older server would fail every decision, so the worker
+/// refuses to start against one.
+pub const MIN_REDIS_MAJOR: u32 = 7;
+
+/// Why the worker will not use a Redis server.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    /// The server is older than [`MIN_REDIS_MAJOR`].
+    #[error("redis {0} is too old: sendquota needs Redis {MIN_REDIS_MAJOR}.0 or later")]
+    TooOld(String),
+    /// The version could not be read.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// The server's version, if it is one the scripts run on. Asked from inside Lua
+/// (`redis.REDIS_VERSION`, itself new in 7.0), which works the same on one server and on a
+/// cluster node.
+pub async fn check_version(conn: &RedisConn) -> Result<String, VersionError> {
+    let version: Option<String> = redis::cmd("EVAL")
+        .arg("return redis.REDIS_VERSION")
+        .arg(0)
+        .query_async(&mut conn.clone())
+        .await?;
+    supported(version)
+}
+
+fn supported(version: Option<String>) -> Result<String, VersionError> {
+    let Some(version) = version else {
+        return Err(VersionError::TooOld("older than 7.0".to_owned()));
+    };
+    let major = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok());
+    match major {
+        Some(m) if m >= MIN_REDIS_MAJOR => Ok(version),
+        _ => Err(VersionError::TooOld(version)),
+    }
+}
+
 /// A Redis connection usable by scripts and commands alike; cheap to clone.
 #[derive(Clone)]
 pub enum RedisConn {
@@ -72,5 +114,24 @@ impl ConnectionLike for RedisConn {
             RedisConn::Single(c) => c.get_db(),
             RedisConn::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_7_and_later_are_supported_and_older_servers_are_named_in_the_error() {
+        assert_eq!(supported(Some("7.0.15".into())).ok(), Some("7.0.15".into()));
+        assert_eq!(supported(Some("8.2.1".into())).ok(), Some("8.2.1".into()));
+        assert_eq!(
+            supported(None).map_err(|e| e.to_string()),
+            Err("redis older than 7.0 is too old: sendquota needs Redis 7.0 or later".into())
+        );
+        assert_eq!(
+            supported(Some("6.2.14".into())).map_err(|e| e.to_string()),
+            Err("redis 6.2.14 is too old: sendquota needs Redis 7.0 or later".into())
+        );
     }
 }

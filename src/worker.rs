@@ -39,6 +39,9 @@ pub enum WorkerError {
     /// Redis could not be reached at start-up.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Redis is too old for the decision scripts, or its version could not be read.
+    #[error(transparent)]
+    RedisVersion(#[from] crate::store::VersionError),
     /// Postgres could not be reached at start-up.
     #[error(transparent)]
     Denials(#[from] DenialError),
@@ -72,6 +75,8 @@ pub async fn run(
 ) -> Result<(), WorkerError> {
     telemetry::prometheus();
     let redis = RedisConn::connect(&settings.redis).await?;
+    let version = crate::store::check_version(&redis).await?;
+    info!(%version, "redis version checked");
     let denials = DenialStore::connect(&settings.database).await?;
     report_skew(&redis, clock.as_ref()).await;
     let policy = Arc::new(settings.policy.clone());
