@@ -82,15 +82,7 @@ async fn sigterm_finishes_in_flight_messages_exits_0_and_loses_nothing() {
         assert!(Instant::now() < deadline, "the worker started consuming");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    terminate(&worker);
-    let out = worker.wait_with_output().expect("wait for the worker");
-    let _ = std::fs::remove_file(&config);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    stop_cleanly(worker, &config);
 
     // Everything is decided exactly once or still queued: dispatched + denied + waiting = n.
     let dispatched = env.take_dispatched().await;
@@ -128,15 +120,7 @@ async fn the_worker_runs_on_as_many_runtime_threads_as_configured() {
             .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
             .filter(|name| name.trim() == "tokio-rt-worker")
             .count();
-        terminate(&worker);
-        let out = worker.wait_with_output().expect("wait for the worker");
-        let _ = std::fs::remove_file(&config);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        stop_cleanly(worker, &config);
         assert_eq!(runtime_threads, threads, "config {worker_toml:?}");
     }
 }
@@ -163,11 +147,20 @@ fn spawn_worker(env: &TestEnv, config: &std::path::Path) -> std::process::Child 
         .expect("start the worker")
 }
 
-/// Sends SIGTERM to `worker`.
-fn terminate(worker: &std::process::Child) {
+/// Sends SIGTERM to `worker`, waits for it, removes its config file and checks that it
+/// exited with 0.
+fn stop_cleanly(worker: std::process::Child, config: &std::path::Path) {
     assert!(Command::new("kill")
         .args(["-TERM", &worker.id().to_string()])
         .status()
         .expect("kill")
         .success());
+    let out = worker.wait_with_output().expect("wait for the worker");
+    let _ = std::fs::remove_file(config);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
