@@ -30,29 +30,54 @@ pub enum VersionError {
     Redis(#[from] redis::RedisError),
 }
 
-/// The server's version, if it is one the scripts run on. Asked from inside Lua
-/// (`redis.REDIS_VERSION`, itself new in 7.0), which works the same on one server and on a
-/// cluster node.
-pub async fn check_version(conn: &RedisConn) -> Result<String, VersionError> {
-    let version: Option<String> = redis::cmd("EVAL")
-        .arg("return redis.REDIS_VERSION")
-        .arg(0)
+/// The server's version when it is one the scripts run on; on a cluster, the oldest among the
+/// masters (redis-rs sends `INFO` to each of them). `None` when no version is reported (a
+/// Redis-compatible server that hides it): that is left to the scripts to show.
+pub async fn check_version(conn: &RedisConn) -> Result<Option<String>, VersionError> {
+    let reply: Value = redis::cmd("INFO")
+        .arg("server")
         .query_async(&mut conn.clone())
         .await?;
-    supported(version)
+    let mut texts = Vec::new();
+    strings(reply, &mut texts);
+    let versions: Vec<String> = texts
+        .iter()
+        .filter_map(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("redis_version:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .collect();
+    for version in &versions {
+        supported(version)?;
+    }
+    Ok(versions.into_iter().min_by_key(|v| semver(v)))
 }
 
-fn supported(version: Option<String>) -> Result<String, VersionError> {
-    let Some(version) = version else {
-        return Err(VersionError::TooOld("older than 7.0".to_owned()));
-    };
-    let major = version
+/// Every string in a reply: one `INFO` text from a server, one per master from a cluster.
+fn strings(reply: Value, out: &mut Vec<String>) {
+    match reply {
+        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(&bytes).into_owned()),
+        Value::SimpleString(text) | Value::VerbatimString { text, .. } => out.push(text),
+        Value::Array(items) => items.into_iter().for_each(|v| strings(v, out)),
+        Value::Map(entries) => entries.into_iter().for_each(|(_, v)| strings(v, out)),
+        _ => {}
+    }
+}
+
+/// A version's numbers, for comparing: "7.10.0" is newer than "7.9.1".
+fn semver(version: &str) -> Vec<u32> {
+    version.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+}
+
+fn supported(version: &str) -> Result<(), VersionError> {
+    match version
         .split('.')
         .next()
-        .and_then(|m| m.parse::<u32>().ok());
-    match major {
-        Some(m) if m >= MIN_REDIS_MAJOR => Ok(version),
-        _ => Err(VersionError::TooOld(version)),
+        .and_then(|m| m.parse::<u32>().ok())
+    {
+        Some(major) if major >= MIN_REDIS_MAJOR => Ok(()),
+        _ => Err(VersionError::TooOld(version.to_owned())),
     }
 }
 
@@ -123,15 +148,37 @@ mod tests {
 
     #[test]
     fn redis_7_and_later_are_supported_and_older_servers_are_named_in_the_error() {
-        assert_eq!(supported(Some("7.0.15".into())).ok(), Some("7.0.15".into()));
-        assert_eq!(supported(Some("8.2.1".into())).ok(), Some("8.2.1".into()));
+        assert!(supported("7.0.15").is_ok());
+        assert!(supported("8.2.1").is_ok());
         assert_eq!(
-            supported(None).map_err(|e| e.to_string()),
-            Err("redis older than 7.0 is too old: sendquota needs Redis 7.0 or later".into())
-        );
-        assert_eq!(
-            supported(Some("6.2.14".into())).map_err(|e| e.to_string()),
+            supported("6.2.14").map_err(|e| e.to_string()),
             Err("redis 6.2.14 is too old: sendquota needs Redis 7.0 or later".into())
         );
+    }
+
+    #[test]
+    fn every_info_text_of_a_reply_is_found_and_versions_compare_by_number() {
+        let mut texts = Vec::new();
+        strings(
+            Value::Map(vec![
+                (
+                    Value::SimpleString("a:1".into()),
+                    Value::VerbatimString {
+                        format: redis::VerbatimFormat::Text,
+                        text: "redis_version:7.0.15\r\n".into(),
+                    },
+                ),
+                (
+                    Value::SimpleString("b:2".into()),
+                    Value::BulkString(b"redis_version:7.10.0\r\n".to_vec()),
+                ),
+            ]),
+            &mut texts,
+        );
+        assert_eq!(
+            texts,
+            ["redis_version:7.0.15\r\n", "redis_version:7.10.0\r\n"]
+        );
+        assert!(semver("7.10.0") > semver("7.9.1"));
     }
 }

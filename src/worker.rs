@@ -75,8 +75,10 @@ pub async fn run(
 ) -> Result<(), WorkerError> {
     telemetry::prometheus();
     let redis = RedisConn::connect(&settings.redis).await?;
-    let version = crate::store::check_version(&redis).await?;
-    info!(%version, "redis version checked");
+    match crate::store::check_version(&redis).await? {
+        Some(version) => info!(%version, "redis version checked"),
+        None => warn!("redis does not report its version; the scripts need Redis 7.0 or later"),
+    }
     let denials = DenialStore::connect(&settings.database).await?;
     report_skew(&redis, clock.as_ref()).await;
     let policy = Arc::new(settings.policy.clone());

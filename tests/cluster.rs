@@ -1,7 +1,7 @@
 //! The worker on a real 3-master Redis Cluster: scopes hash to different slots and nodes, each
 //! scope's rules share one slot, so every script call is single-slot (no CROSSSLOT), and the
 //! outcomes are the same as on one server. Both topologies get the decision scripts back
-//! after forgetting them.
+//! after forgetting them, and the worker reads the version of every server it will use.
 
 mod support;
 
@@ -149,6 +149,26 @@ async fn a_redis_that_forgot_the_decision_scripts_is_sent_them_again_and_decides
             (second.committed, refused),
             (false, vec![("headline", false)]),
             "{target}: the reloaded script saw the first send"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_redis_version_is_read_from_a_single_server_and_from_every_cluster_master() {
+    let installed = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .expect("redis-server --version");
+    let installed = String::from_utf8_lossy(&installed.stdout).into_owned();
+    for (name, settings) in support::redis_targets() {
+        let conn = support::connect_redis(&settings).await;
+        let version = sendquota::store::check_version(&conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .unwrap_or_else(|| panic!("{name}: no version reported"));
+        assert!(
+            installed.contains(&format!("v={version} ")),
+            "{name}: read {version}, the installed server is {installed}"
         );
     }
 }
