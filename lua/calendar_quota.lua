@@ -15,61 +15,58 @@
 -- is recognised as already admitted exactly while its entry is inside the window. A denied
 -- attempt writes nothing.
 
--- The key's entries: scores of those inside the window ending today, whether ctx.id is among
--- them, and how many entries are older than the window (the set is sorted by score, and holds
--- at most a window's admissions plus a few stale ones, so one read of all of it is the cheapest).
-local function calendar_read(key, args, ctx)
-  local today, days = tonumber(args[1]), tonumber(args[4])
-  local first = today - days + 1
-  local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  local scores, stale, admitted = {}, 0, false
-  for i = 1, #entries, 2 do
-    local s = tonumber(entries[i + 1])
-    if s < first then
-      stale = stale + 1
-    else
-      scores[#scores + 1] = s
-      if entries[i] == ctx.id then admitted = true end
-    end
-  end
-  return scores, stale, admitted, today
-end
-
--- Sends counted against day `day`: {entries on that day, entries in the window ending that day}
-local function calendar_usage(scores, day, days)
+-- Sends counted against day `day` among `entries`, the key's ZRANGE WITHSCORES reply: {entries
+-- on that day, entries in the window ending that day}. Entries older than today's window never
+-- count: every day asked about is today or later.
+local function calendar_usage(entries, day, days)
   local on_day, in_window = 0, 0
-  for _, s in ipairs(scores) do
+  for i = 2, #entries, 2 do
+    local s = tonumber(entries[i])
     if s == day then on_day = on_day + 1 end
     if s > day - days then in_window = in_window + 1 end
   end
   return on_day, in_window
 end
 
+-- Redis's Lua is an interpreter that allocates every table and formats every number handed to
+-- redis.call, and those costs are a large part of a decision: the check reads the key in one
+-- pass without copying it, hands commit what it learnt in its own result table (fields past
+-- the reply's five), and passes ARGV strings to Redis as they came.
 KINDS.calendar_quota = {
   check = function(key, _, args, ctx)
-    local per_day, per_window, days = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
-    local scores, stale, admitted, today = calendar_read(key, args, ctx)
-    local on_day, in_window = calendar_usage(scores, today, days)
+    local today, per_day, per_window, days =
+      tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+    local first = today - days + 1
+    -- The set holds at most a window's admissions plus a few stale ones, so reading all of
+    -- it is the cheapest read.
+    local entries = redis.call('ZRANGE', key, '0', '-1', 'WITHSCORES')
+    local on_day, in_window, stale, newest, admitted = 0, 0, 0, today, false
+    for i = 1, #entries, 2 do
+      local s = tonumber(entries[i + 1])
+      if s < first then
+        stale = stale + 1
+      else
+        in_window = in_window + 1
+        if s == today then on_day = on_day + 1 end
+        if s > newest then newest = s end
+        if entries[i] == ctx.id then admitted = true end
+      end
+    end
     local left = math.min(per_day - on_day, per_window - in_window)
     if admitted then
       return {1, 1, math.max(left, 0), -1, 0}
     end
-    local newest = today
-    for _, s in ipairs(scores) do
-      if s > newest then newest = s end
-    end
-    -- For commit (which decide.lua runs only after check): the newest day once today's entry
-    -- is in, since entries before the window only ever leave; and whether the key is created
-    -- anew (it is when no entry stays inside the window).
-    ctx.calendar = ctx.calendar or {}
-    ctx.calendar[key] = {newest = newest, stale = stale, fresh = #scores == 0}
     if left > 0 then
-      return {1, 0, left - 1, -1, 0}
+      -- For commit (which decide.lua runs only after check): the newest day once today's
+      -- entry is in, since entries before the window only ever leave; how many entries are
+      -- stale; and whether the key is created anew (no entry stays inside the window).
+      -- Redis replies with the array part only, so these fields stay out of the reply.
+      return {1, 0, left - 1, -1, 0, newest = newest, stale = stale, fresh = in_window == 0}
     end
     -- Walk forward day by day until both limits have room; entries never leave the set on
     -- their own, so the walk ends once the newest entry is outside the window.
     for day = today + 1, newest + days do
-      local d, w = calendar_usage(scores, day, days)
+      local d, w = calendar_usage(entries, day, days)
       if d < per_day and w < per_window then
         return {0, 0, 0, day, 0}
       end
@@ -77,17 +74,20 @@ KINDS.calendar_quota = {
     return {0, 0, 0, newest + days, 0}
   end,
 
-  commit = function(key, _, args, ctx)
-    local today, days = tonumber(args[1]), tonumber(args[4])
-    local seen = ctx.calendar[key]
+  commit = function(key, _, args, ctx, seen)
+    local today = tonumber(args[1])
     if seen.stale > 0 then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - days + 1))
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - tonumber(args[4]) + 1))
     end
-    redis.call('ZADD', key, today, ctx.id)
+    redis.call('ZADD', key, args[1], ctx.id)
     -- An entry scored after today (the recipient's zone moved west) keeps the key one more
     -- day of UTC-12 (24 hours) per day it is ahead.
-    local ahead = math.max(seen.newest - today, 0)
-    expire_in_at_least(key, tonumber(args[5]) + ahead * 86400000, seen.fresh)
+    local ahead = seen.newest - today
+    if ahead > 0 then
+      expire_in_at_least(key, tonumber(args[5]) + ahead * 86400000, seen.fresh)
+    else
+      expire_in_at_least(key, args[5], seen.fresh)
+    end
   end,
 
   refund = function(key, _, _, ctx)

@@ -33,7 +33,7 @@ for i = 1, count do
   end
   rules[i] = {
     kind = kind, enforce = ARGV[pos + 1] == '1', args = args,
-    key = KEYS[2 * i - 1], ids = KEYS[2 * i],
+    key = KEYS[2 * i - 1], ids = KEYS[2 * i], result = false,
   }
   pos = pos + 3 + nargs
 end
@@ -47,7 +47,8 @@ if marks and mode ~= 'refund' then
 end
 
 if mode == 'refund' then
-  for _, r in ipairs(rules) do
+  for i = 1, count do
+    local r = rules[i]
     r.kind.refund(r.key, r.ids, r.args, ctx)
   end
   return {1}
@@ -55,16 +56,19 @@ end
 
 local blocked = false
 local reply = {0}
-for i, r in ipairs(rules) do
-  r.result = r.kind.check(r.key, r.ids, r.args, ctx)
-  if r.result[1] == 0 and r.enforce then
+for i = 1, count do
+  local r = rules[i]
+  local result = r.kind.check(r.key, r.ids, r.args, ctx)
+  if result[1] == 0 and r.enforce then
     blocked = true
   end
-  reply[i + 1] = r.result
+  r.result = result
+  reply[i + 1] = result
 end
 
 if mode == 'commit' and not blocked then
-  for _, r in ipairs(rules) do
+  for i = 1, count do
+    local r = rules[i]
     if r.result[1] == 1 and r.result[2] == 0 then
       r.kind.commit(r.key, r.ids, r.args, ctx, r.result)
     end

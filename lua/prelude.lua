@@ -3,7 +3,8 @@
 -- The decision script is this file, then one file per limiter kind (each registers itself in
 -- KINDS), then decide.lua, concatenated when the crate is built. Every kind provides:
 --   check(key, ids, args, ctx)  -> {allowed, already, remaining, retry, detail}   (reads only)
---   commit(key, ids, args, ctx)                            (consumes for ctx.id, sets expiries)
+--   commit(key, ids, args, ctx, result)   (consumes for ctx.id, sets expiries; `result` is the
+--                                          table check returned, which may carry fields for it)
 --   refund(key, ids, args, ctx)                            (gives back what ctx.id took)
 -- `key` holds the rule's state; `ids` is a sorted set of admitted message ids (score = the
 -- worker's ms when admitted) for kinds whose state cannot hold ids. `allowed` and `already`
@@ -26,9 +27,13 @@ end
 -- from the worker's clock, never absolute instants: Redis measures them on its own clock, which
 -- may differ from the worker's (skew, or a simulated clock in tests). An expiry is never
 -- shortened, and a key always has one after this call. `fresh` says the caller created the key
--- in this script (it has no expiry yet), which saves the extra calls.
+-- in this script (it has no expiry yet), which saves the extra calls. `ttl_ms` is a number, or
+-- an ARGV string: one holding a whole number of at least 1 is passed on as it is, which spares
+-- formatting it again.
 local function expire_in_at_least(key, ttl_ms, fresh)
-  ttl_ms = math.max(math.ceil(ttl_ms), 1)
+  if type(ttl_ms) ~= 'string' or tonumber(ttl_ms) < 1 then
+    ttl_ms = math.max(math.ceil(tonumber(ttl_ms)), 1)
+  end
   if fresh then
     redis.call('PEXPIRE', key, ttl_ms)
     return
