@@ -1102,6 +1102,8 @@ struct EndToEnd {
     commands: Vec<(String, f64, f64)>,
     /// The worker's CPU by thread name: (name, user us per message, system us per message).
     threads_cpu: Vec<(String, f64, f64)>,
+    /// Ack frames the worker sent: (multiple, single).
+    ack_frames: (f64, f64),
 }
 
 /// Voluntary plus involuntary context switches over every thread of `pid`, and the threads.
@@ -1254,7 +1256,21 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
         threads,
         commands,
         threads_cpu,
+        ack_frames: (
+            counter(&metrics, sendquota::telemetry::ACK_FRAMES, "multiple"),
+            counter(&metrics, sendquota::telemetry::ACK_FRAMES, "single"),
+        ),
     }
+}
+
+/// The value of counter `name` with label `kind` in a Prometheus scrape; 0 when absent.
+fn counter(metrics: &str, name: &str, kind: &str) -> f64 {
+    let series = format!("{name}{{kind=\"{kind}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1649,6 +1665,10 @@ async fn main() {
             .map(|(name, user, system)| format!("{name} {user:.1} + {system:.1}"))
             .collect::<Vec<_>>()
             .join("; ")
+    ));
+    notes.push(format!(
+        "(c) the worker sent {:.0} multiple and {:.0} single acks for {m} messages",
+        e2e.ack_frames.0, e2e.ack_frames.1
     ));
     notes.push(format!(
         "(c) Redis commands per message, server-wide (calls, us executing; EVALSHA's time \

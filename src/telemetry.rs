@@ -27,6 +27,10 @@ pub const INVALID: &str = "sendquota_invalid_messages_total";
 pub const DELAYED: &str = "sendquota_delayed_messages_total";
 /// Counter: decisions answered from the deny cache, without Redis.
 pub const DENY_CACHE_HITS: &str = "sendquota_deny_cache_hits_total";
+/// Counter: ack frames sent to the broker, by `kind`: `multiple` (one frame settling a run of
+/// deliveries) or `single` (a delivery held too long behind an unfinished one). Fewer frames
+/// per message is less work for the worker and, on a quorum queue, for the broker's log.
+pub const ACK_FRAMES: &str = "sendquota_ack_frames_total";
 /// Gauge: the worker's clock minus Redis `TIME`, in milliseconds.
 pub const CLOCK_SKEW_MS: &str = "sendquota_clock_skew_ms";
 

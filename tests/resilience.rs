@@ -67,14 +67,7 @@ async fn sigterm_finishes_in_flight_messages_exits_0_and_loses_nothing() {
     )
     .expect("config");
     let n = 400;
-    for i in 0..n {
-        env.publish(&request(
-            &format!("m{i}"),
-            &format!("user-{}", i / 2),
-            "UTC",
-        ))
-        .await;
-    }
+    env.publish_two_per_recipient(n).await;
     let worker = spawn_worker(&env, &config);
     // Stop it while it is busy.
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -302,6 +302,19 @@ impl TestEnv {
         self.publish_raw(request.to_string().as_bytes()).await;
     }
 
+    /// Publishes `n` headline requests `m0`, `m1`, ... two per recipient (`user-0`, `user-0`,
+    /// `user-1`, ...): under the headline rule on one day, half are dispatched, half denied.
+    pub async fn publish_two_per_recipient(&self, n: usize) {
+        for i in 0..n {
+            self.publish(&request(
+                &format!("m{i}"),
+                &format!("user-{}", i / 2),
+                "UTC",
+            ))
+            .await;
+        }
+    }
+
     /// Takes every message waiting in `queue`.
     pub async fn drain(&self, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
         let mut out = Vec::new();
