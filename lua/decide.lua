@@ -16,7 +16,7 @@
 --        say what REMAINING, RETRY and DETAIL mean for them); for 'refund', {1}; for a
 --        message already dispatched, {2}.
 
-local ctx = {now = tonumber(ARGV[1]), id = ARGV[2], cost = tonumber(ARGV[4])}
+local ctx = {now = tonumber(ARGV[1]), now_arg = ARGV[1], id = ARGV[2], cost = tonumber(ARGV[4])}
 local mode = ARGV[3]
 local count = tonumber(ARGV[5])
 local rules = {}

@@ -39,7 +39,7 @@ KINDS.fixed_window = {
       redis.call('HINCRBY', key, 'count', 1)
     end
     local ttl = start + window - ctx.now
-    redis.call('ZADD', ids, int(ctx.now), ctx.id)
+    redis.call('ZADD', ids, ctx.now_arg, ctx.id)
     expire_in_at_least(key, ttl)
     expire_in_at_least(ids, ttl)
   end,

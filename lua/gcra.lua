@@ -24,15 +24,16 @@ KINDS.gcra = {
     end
     local diff = now_t - (tat + t - tau)
     if diff >= 0 then
-      return {1, 0, math.floor(diff / t), -1, 0}
+      -- The TAT read here is the one commit advances: nothing writes the key in between.
+      return {1, 0, math.floor(diff / t), -1, 0, tat = tat}
     end
     return {0, 0, 0, ctx.now + ceil_div(-diff, tpm), 0}
   end,
 
-  commit = function(key, ids, args, ctx)
+  commit = function(key, ids, args, ctx, seen)
     local t, tau, tpm = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
     local now_t = ctx.now * tpm
-    local tat = gcra_tat(key, now_t) + t
+    local tat = seen.tat + t
     redis.call('SET', key, int(tat), 'PX', math.max(ceil_div(tat - now_t, tpm), 1))
     remember(ids, ctx, ceil_div(tau + t, tpm))
   end,

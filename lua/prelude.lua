@@ -4,14 +4,18 @@
 -- KINDS), then decide.lua, concatenated when the crate is built. Every kind provides:
 --   check(key, ids, args, ctx)  -> {allowed, already, remaining, retry, detail}   (reads only)
 --   commit(key, ids, args, ctx, result)   (consumes for ctx.id, sets expiries; `result` is the
---                                          table check returned, which may carry fields for it)
+--                                          table check returned, which may carry named fields
+--                                          for it: Redis replies with the array part only, but
+--                                          reads err, ok, double, map, set, big_number and
+--                                          verbatim_string as reply types, so never those)
 --   refund(key, ids, args, ctx)                            (gives back what ctx.id took)
 -- `key` holds the rule's state; `ids` is a sorted set of admitted message ids (score = the
 -- worker's ms when admitted) for kinds whose state cannot hold ids. `allowed` and `already`
 -- are 0/1; `already` = 1 when ctx.id was admitted before and consumes nothing again.
 -- `retry` is when the rule would next admit this message (epoch ms of the worker's clock, or
 -- a day number for calendar_quota), -1 when it admits it now or never will.
--- ctx = {now = worker ms, id = message id, cost = the message's cost}.
+-- ctx = {now = worker ms, now_arg = the same as the worker wrote it, id = message id,
+--        cost = the message's cost}.
 --
 -- All arithmetic is on integers below 2^53 (the worker scales rates so that it is), so the
 -- results are exact and equal to the Rust reference models'.
@@ -61,7 +65,7 @@ end
 -- Records ctx.id as admitted now, forgetting ids older than `memory_ms`.
 local function remember(ids, ctx, memory_ms)
   redis.call('ZREMRANGEBYSCORE', ids, '-inf', ctx.now - memory_ms)
-  redis.call('ZADD', ids, int(ctx.now), ctx.id)
+  redis.call('ZADD', ids, ctx.now_arg, ctx.id)
   expire_in_at_least(ids, memory_ms)
 end
 

@@ -10,11 +10,14 @@
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
 --        this one; retry_ms = when enough sub-windows have expired for one more send.
 
--- In-window {index, count} pairs in increasing index order.
+-- In-window {index, count} pairs in increasing index order, and the state as read (the hash's
+-- fields as numbers, or the whole list), which commit reuses instead of reading it again.
 local function sliding_pairs(key, storage, first)
   local pairs_out = {}
+  local state
   if storage == 0 then
-    for field, c in pairs(hash_numbers(key)) do
+    state = hash_numbers(key)
+    for field, c in pairs(state) do
       local i = tonumber(field)
       if i >= first then
         pairs_out[#pairs_out + 1] = {i, c}
@@ -22,15 +25,15 @@ local function sliding_pairs(key, storage, first)
     end
     table.sort(pairs_out, function(a, b) return a[1] < b[1] end)
   else
-    local list = redis.call('LRANGE', key, 1, -1)
-    for j = 1, #list, 2 do
-      local i = tonumber(list[j])
+    state = redis.call('LRANGE', key, 0, -1)
+    for j = 2, #state, 2 do
+      local i = tonumber(state[j])
       if i >= first then
-        pairs_out[#pairs_out + 1] = {i, tonumber(list[j + 1])}
+        pairs_out[#pairs_out + 1] = {i, tonumber(state[j + 1])}
       end
     end
   end
-  return pairs_out
+  return pairs_out, state
 end
 
 -- When a window holding `subs` (in-window {index, count} pairs, oldest first) has room for one
@@ -48,7 +51,7 @@ end
 local function sliding_check(key, ids, limit, window, sub, storage, ctx)
   local n = window / sub
   local current = math.floor(ctx.now / sub)
-  local subs = sliding_pairs(key, storage, current - n + 1)
+  local subs, state = sliding_pairs(key, storage, current - n + 1)
   local count = 0
   for _, p in ipairs(subs) do count = count + p[2] end
   local left = limit - count
@@ -56,7 +59,8 @@ local function sliding_check(key, ids, limit, window, sub, storage, ctx)
     return {1, 1, math.max(left, 0), -1, 0}, subs
   end
   if left >= 1 then
-    return {1, 0, left - 1, -1, 0}, subs
+    -- The key is created by commit when nothing was read (no expiry to keep yet).
+    return {1, 0, left - 1, -1, 0, state = state, fresh = next(state) == nil}, subs
   end
   return {0, 0, 0, sliding_retry(subs, count, limit, n, sub), 0}, subs
 end
@@ -68,13 +72,13 @@ KINDS.sliding_window = {
     return result
   end,
 
-  commit = function(key, ids, args, ctx)
+  commit = function(key, ids, args, ctx, seen)
     local window, sub, storage = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
     local n = window / sub
     local current = math.floor(ctx.now / sub)
     local newest = current
     if storage == 0 then
-      for field, _ in pairs(hash_numbers(key)) do
+      for field, _ in pairs(seen.state) do
         local i = tonumber(field)
         if i <= current - n then
           redis.call('HDEL', key, field)
@@ -84,7 +88,7 @@ KINDS.sliding_window = {
       end
       redis.call('HINCRBY', key, int(current), 1)
     else
-      local list = redis.call('LRANGE', key, 0, -1)
+      local list = seen.state
       local total = tonumber(list[1] or '0')
       -- Expired pairs are at the head: drop all of them by position.
       local j = 2
@@ -125,7 +129,7 @@ KINDS.sliding_window = {
       end
     end
     remember(ids, ctx, window)
-    expire_in_at_least(key, (newest + n) * sub - ctx.now)
+    expire_in_at_least(key, (newest + n) * sub - ctx.now, seen.fresh)
   end,
 
   refund = function(key, ids, args, ctx)
