@@ -1,11 +1,15 @@
 //! Decisions per second of the limiter path (policy + one script call per scope, no broker),
-//! per kind, each kind alone in a policy, against local Redis.
+//! per kind, each kind alone in a policy, against local Redis; and, from Redis's
+//! `INFO commandstats`, the time Redis spent inside the decision script and the commands the
+//! script ran, per decision: the figures to compare when a kind's script changes (Redis's own
+//! counters, so they do not depend on how busy the client side is).
 //!
 //! `cargo bench --bench decisions -- [--decisions N] [--concurrency C] [--recipients R]`
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -71,6 +75,29 @@ async fn run(
     (n as f64 / secs, allowed as f64 / n as f64)
 }
 
+/// Microseconds inside EVALSHA and commands run by the scripts, per decision, between two
+/// snapshots of `support::command_stats`.
+fn script_cost(
+    before: &BTreeMap<String, (u64, u64)>,
+    after: &BTreeMap<String, (u64, u64)>,
+    n: usize,
+) -> (f64, f64) {
+    let delta = |name: &str| {
+        let (c0, u0) = before.get(name).copied().unwrap_or((0, 0));
+        let (c1, u1) = after.get(name).copied().unwrap_or((0, 0));
+        (c1.saturating_sub(c0), u1.saturating_sub(u0))
+    };
+    let inner: u64 = after
+        .keys()
+        .filter(|name| !matches!(name.as_str(), "evalsha" | "info" | "script|load"))
+        .map(|name| delta(name).0)
+        .sum();
+    (
+        delta("evalsha").1 as f64 / n as f64,
+        inner as f64 / n as f64,
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let n = support::flag("--decisions", 50_000);
@@ -82,11 +109,23 @@ async fn main() {
     println!(
         "{n} decisions per kind, {concurrency} concurrent, {recipients} recipients, local Redis"
     );
-    println!("{:<28} {:>12} {:>9}", "kind", "decisions/s", "allowed");
+    println!(
+        "{:<28} {:>12} {:>9} {:>14} {:>14}",
+        "kind", "decisions/s", "allowed", "script us/dec", "commands/dec"
+    );
     for (name, rule) in KINDS {
         let policy = Arc::new(policy(rule));
+        let before = support::command_stats(&mut redis.clone()).await;
         let (rate, allowed) = run(&limiter, &policy, n, concurrency, recipients).await;
-        println!("{name:<28} {rate:>12.0} {:>8.0}%", allowed * 100.0);
+        let (script_us, commands) = script_cost(
+            &before,
+            &support::command_stats(&mut redis.clone()).await,
+            n,
+        );
+        println!(
+            "{name:<28} {rate:>12.0} {:>8.0}% {script_us:>14.2} {commands:>14.2}",
+            allowed * 100.0
+        );
         support::delete_keys(&mut redis.clone(), &format!("{namespace}:*")).await;
     }
 }

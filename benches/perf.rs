@@ -303,28 +303,6 @@ struct CpuSnap {
     redis_switches: u64,
 }
 
-/// INFO commandstats: command -> (calls, microseconds executing it). Commands a script runs
-/// are counted too, and their time is also inside the script's.
-async fn command_stats(conn: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |f: &str| -> u64 {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(f))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            Some((name.to_owned(), (field("calls="), field("usec="))))
-        })
-        .collect()
-}
-
 impl Procs {
     async fn find(conn: &mut MultiplexedConnection) -> Procs {
         let info: String = redis::cmd("INFO")
@@ -346,7 +324,7 @@ impl Procs {
     }
 
     async fn snap(&self, worker: Option<u32>) -> CpuSnap {
-        let lua_us = command_stats(&mut self.conn.clone())
+        let lua_us = support::command_stats(&mut self.conn.clone())
             .await
             .get("evalsha")
             .map_or(0, |&(_, us)| us);
@@ -1165,7 +1143,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
     );
     std::fs::write(&config, toml).expect("write config");
     let port = free_port();
-    let commands_before = command_stats(&mut procs.conn.clone()).await;
+    let commands_before = support::command_stats(&mut procs.conn.clone()).await;
     let before = procs.snap(None).await;
     let began = Instant::now();
     let worker = WorkerProcess(
@@ -1208,7 +1186,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
     }
     let elapsed = began.elapsed();
     let after = procs.snap(Some(pid)).await;
-    let commands_after = command_stats(&mut procs.conn.clone()).await;
+    let commands_after = support::command_stats(&mut procs.conn.clone()).await;
     let hwm_kib = status_kib(pid, "VmHWM:");
     let (switches, threads) = context_switches(pid);
     let threads_cpu = thread_ticks(pid)

@@ -22,26 +22,27 @@ KINDS.fixed_window = {
       end
     end
     if left >= 1 then
-      return {1, 0, left - 1, -1, 0}
+      return {1, 0, left - 1, -1, 0, state = s}
     end
     return {0, 0, 0, s.start + window, 0}
   end,
 
-  commit = function(key, ids, args, ctx)
+  commit = function(key, ids, args, ctx, seen)
     local window = tonumber(args[2])
-    local s = hash_numbers(key)
-    local start = s.start
-    if start == nil or ctx.now >= start + window then
+    local start = seen.state.start
+    -- A new window deletes both keys and writes them anew: neither has an expiry yet.
+    local fresh = start == nil or ctx.now >= start + window
+    if fresh then
       start = ctx.now
       redis.call('DEL', key, ids)
-      redis.call('HSET', key, 'start', int(start), 'count', 1)
+      redis.call('HSET', key, 'start', ctx.now_arg, 'count', 1)
     else
       redis.call('HINCRBY', key, 'count', 1)
     end
     local ttl = start + window - ctx.now
     redis.call('ZADD', ids, ctx.now_arg, ctx.id)
-    expire_in_at_least(key, ttl)
-    expire_in_at_least(ids, ttl)
+    expire_in_at_least(key, ttl, fresh)
+    expire_in_at_least(ids, ttl, fresh)
   end,
 
   refund = function(key, ids, args, ctx)

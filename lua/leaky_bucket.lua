@@ -13,33 +13,34 @@
 -- The seed's weak spot fixed: millisecond time, not whole seconds; a clock that goes back
 -- leaks nothing (elapsed time is clamped at zero and `last` never moves back).
 
+-- The level and last update as of `now`, and whether the key is absent.
 local function leaky_level(key, leak, now)
   local s = hash_numbers(key)
   local level, last = s.level or 0, s.last or now
   local elapsed = math.max(now - last, 0)
-  return math.max(level - elapsed * leak, 0), math.max(last, now)
+  return math.max(level - elapsed * leak, 0), math.max(last, now), s.level == nil
 end
 
 KINDS.leaky_bucket = {
   check = function(key, ids, args, ctx)
     local cap, unit, leak = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local level, last = leaky_level(key, leak, ctx.now)
+    local level, last, absent = leaky_level(key, leak, ctx.now)
     if admitted_at(ids, ctx, ceil_div(cap, leak)) then
       return {1, 1, math.floor((cap - level) / unit), -1, 0}
     end
     if level + unit <= cap then
-      return {1, 0, math.floor((cap - level - unit) / unit), -1, 0}
+      return {1, 0, math.floor((cap - level - unit) / unit), -1, 0,
+        level = level, last = last, fresh = absent}
     end
     return {0, 0, 0, last + ceil_div(level + unit - cap, leak), 0}
   end,
 
-  commit = function(key, ids, args, ctx)
+  commit = function(key, ids, args, ctx, seen)
     local cap, unit, leak = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local level, last = leaky_level(key, leak, ctx.now)
-    level = level + unit
+    local level, last = seen.level + unit, seen.last
     redis.call('HSET', key, 'level', int(level), 'last', int(last))
     remember(ids, ctx, ceil_div(cap, leak))
-    expire_in_at_least(key, last - ctx.now + ceil_div(level, leak))
+    expire_in_at_least(key, last - ctx.now + ceil_div(level, leak), seen.fresh)
   end,
 
   refund = function(key, ids, args, ctx)

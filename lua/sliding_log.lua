@@ -15,7 +15,8 @@ KINDS.sliding_log = {
     local current = math.floor(ctx.now / sub)
     local longest = tonumber(args[2 + 2 * n])
     local subs = {}
-    for field, c in pairs(hash_numbers(key)) do
+    local state = hash_numbers(key)
+    for field, c in pairs(state) do
       local i = tonumber(field)
       if i > current - longest / sub then
         subs[#subs + 1] = {i, c}
@@ -54,15 +55,16 @@ KINDS.sliding_log = {
     if blocked_by > 0 then
       return {0, 0, 0, retry, blocked_by}
     end
-    return {1, 0, remaining, -1, 0}
+    -- Commit reuses the hash as read; a key created anew has no expiry to keep.
+    return {1, 0, remaining, -1, 0, state = state, fresh = next(state) == nil}
   end,
 
-  commit = function(key, ids, args, ctx)
+  commit = function(key, ids, args, ctx, seen)
     local sub, n = tonumber(args[1]), tonumber(args[2])
     local longest = tonumber(args[2 + 2 * n])
     local current = math.floor(ctx.now / sub)
     local newest = current
-    for field, _ in pairs(hash_numbers(key)) do
+    for field, _ in pairs(seen.state) do
       local i = tonumber(field)
       if i <= current - longest / sub then
         redis.call('HDEL', key, field)
@@ -72,7 +74,7 @@ KINDS.sliding_log = {
     end
     redis.call('HINCRBY', key, int(current), 1)
     remember(ids, ctx, longest)
-    expire_in_at_least(key, (newest + longest / sub) * sub - ctx.now)
+    expire_in_at_least(key, (newest + longest / sub) * sub - ctx.now, seen.fresh)
   end,
 
   refund = function(key, ids, args, ctx)

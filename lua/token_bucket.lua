@@ -13,14 +13,15 @@
 -- The seed's weak spots fixed: millisecond time; fractional tokens compared with >=, not == 0;
 -- one hash, not two keys; a clock that goes back adds no tokens.
 
+-- The tokens and last update as of `now`, and whether the key is absent.
 local function token_level(key, cap, refill, now)
   local s = hash_numbers(key)
   if s.tokens == nil then
-    return cap, now
+    return cap, now, true
   end
   local last = s.last or now
   local elapsed = math.max(now - last, 0)
-  return math.min(s.tokens + elapsed * refill, cap), math.max(last, now)
+  return math.min(s.tokens + elapsed * refill, cap), math.max(last, now), false
 end
 
 local function token_cost(args, ctx)
@@ -32,12 +33,13 @@ KINDS.token_bucket = {
   check = function(key, ids, args, ctx)
     local cap, unit, refill = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
     local need = token_cost(args, ctx)
-    local tokens, last = token_level(key, cap, refill, ctx.now)
+    local tokens, last, absent = token_level(key, cap, refill, ctx.now)
     if admitted_at(ids, ctx, ceil_div(cap, refill)) then
       return {1, 1, math.floor(tokens / unit), -1, 0}
     end
     if tokens >= need then
-      return {1, 0, math.floor((tokens - need) / unit), -1, 0}
+      return {1, 0, math.floor((tokens - need) / unit), -1, 0,
+        tokens = tokens - need, last = last, fresh = absent}
     end
     if need > cap then
       return {0, 0, math.floor(tokens / unit), -1, 0}
@@ -45,13 +47,12 @@ KINDS.token_bucket = {
     return {0, 0, math.floor(tokens / unit), last + ceil_div(need - tokens, refill), 0}
   end,
 
-  commit = function(key, ids, args, ctx)
+  commit = function(key, ids, args, ctx, seen)
     local cap, refill = tonumber(args[1]), tonumber(args[3])
-    local tokens, last = token_level(key, cap, refill, ctx.now)
-    tokens = tokens - token_cost(args, ctx)
+    local tokens, last = seen.tokens, seen.last
     redis.call('HSET', key, 'tokens', int(tokens), 'last', int(last))
     remember(ids, ctx, ceil_div(cap, refill))
-    expire_in_at_least(key, last - ctx.now + ceil_div(cap - tokens, refill))
+    expire_in_at_least(key, last - ctx.now + ceil_div(cap - tokens, refill), seen.fresh)
   end,
 
   refund = function(key, ids, args, ctx)

@@ -29,7 +29,7 @@ KINDS.zset_window = {
   commit = function(key, _, args, ctx)
     local window = tonumber(args[2])
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(ctx.now - window))
-    redis.call('ZADD', key, int(ctx.now), ctx.id)
+    redis.call('ZADD', key, ctx.now_arg, ctx.id)
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     expire_in_at_least(key, tonumber(newest[2]) + window - ctx.now)
   end,
