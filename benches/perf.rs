@@ -1075,6 +1075,8 @@ struct EndToEnd {
     denial_write: Histogram,
     /// Context switches of the worker's threads per message, and how many threads it has.
     switches_per_msg: f64,
+    /// Write system calls of the worker per message (start-up included).
+    writes_per_msg: f64,
     threads: usize,
     /// Redis commands during the run: (command, calls per message, microseconds per message).
     commands: Vec<(String, f64, f64)>,
@@ -1101,6 +1103,16 @@ fn context_switches(pid: u32) -> (u64, usize) {
             .sum::<u64>();
     }
     (total, threads)
+}
+
+/// The write system calls `pid` has made (`syscw` of /proc/PID/io): how well the worker's
+/// clients batch what they send (a Redis command, a publish, an ack: each alone is one call).
+fn write_calls(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("syscw:")?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// User and system CPU ticks of every thread of `pid`, summed by thread name, since each
@@ -1189,6 +1201,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
     let commands_after = support::command_stats(&mut procs.conn.clone()).await;
     let hwm_kib = status_kib(pid, "VmHWM:");
     let (switches, threads) = context_switches(pid);
+    let writes = write_calls(pid);
     let threads_cpu = thread_ticks(pid)
         .into_iter()
         .map(|(name, (user, system))| {
@@ -1231,6 +1244,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
         dispatch: histogram(&metrics, sendquota::telemetry::DISPATCH_SECONDS),
         denial_write: histogram(&metrics, sendquota::telemetry::DENIAL_WRITE_SECONDS),
         switches_per_msg: switches as f64 / n as f64,
+        writes_per_msg: writes as f64 / n as f64,
         threads,
         commands,
         threads_cpu,
@@ -1634,10 +1648,11 @@ async fn main() {
         Some(rss_mib <= RSS_MAX_MIB),
     ));
     notes.push(format!(
-        "(d) the worker's {} threads made {:.1} context switches per message; its CPU per \
-         message by thread (user + system us, start-up included): {}",
+        "(d) the worker's {} threads made {:.1} context switches and {:.2} write system calls per \
+         message; its CPU per message by thread (user + system us, start-up included): {}",
         e2e.threads,
         e2e.switches_per_msg,
+        e2e.writes_per_msg,
         e2e.threads_cpu
             .iter()
             .map(|(name, user, system)| format!("{name} {user:.1} + {system:.1}"))
@@ -2170,6 +2185,13 @@ async fn main() {
             "warning: other processes used over 15% of the machine during: {}; those figures \
              are understated",
             disturbed.join(", ")
+        );
+    }
+    if !sendquota::cli::LIFO_SLOT_DISABLED {
+        println!(
+            "warning: built without --cfg tokio_unstable (a RUSTFLAGS variable replaces \
+             .cargo/config.toml): the worker's runtime keeps its LIFO slot, and (c) and (d) are \
+             not the figures of a normal build"
         );
     }
     println!();
