@@ -265,14 +265,15 @@ fn pids_named(comm: &str) -> Vec<String> {
         .collect()
 }
 
-/// A kernel-reported status value of `pid` in KiB (VmHWM, VmRSS).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+/// The first number after `field` in /proc/PID/`file` (VmHWM in status is in KiB; syscw in io
+/// counts write system calls), 0 if the process or the field is gone.
+fn proc_number(pid: u32, file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .ok()
         .and_then(|s| {
             s.lines()
                 .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|l| l[field.len()..].split_whitespace().next())
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
@@ -1105,16 +1106,6 @@ fn context_switches(pid: u32) -> (u64, usize) {
     (total, threads)
 }
 
-/// The write system calls `pid` has made (`syscw` of /proc/PID/io): how well the worker's
-/// clients batch what they send (a Redis command, a publish, an ack: each alone is one call).
-fn write_calls(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("syscw:")?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// User and system CPU ticks of every thread of `pid`, summed by thread name, since each
 /// thread started: where in the worker (its runtime threads, its other threads) the time goes.
 fn thread_ticks(pid: u32) -> BTreeMap<String, (u64, u64)> {
@@ -1199,9 +1190,11 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, usage: &mut Vec<CpuU
     let elapsed = began.elapsed();
     let after = procs.snap(Some(pid)).await;
     let commands_after = support::command_stats(&mut procs.conn.clone()).await;
-    let hwm_kib = status_kib(pid, "VmHWM:");
+    let hwm_kib = proc_number(pid, "status", "VmHWM:");
     let (switches, threads) = context_switches(pid);
-    let writes = write_calls(pid);
+    // How well the worker's clients batch what they send: a Redis command, a publish or an ack
+    // written alone is one call.
+    let writes = proc_number(pid, "io", "syscw:");
     let threads_cpu = thread_ticks(pid)
         .into_iter()
         .map(|(name, (user, system))| {
@@ -2189,9 +2182,8 @@ async fn main() {
     }
     if !sendquota::cli::LIFO_SLOT_DISABLED {
         println!(
-            "warning: built without --cfg tokio_unstable (a RUSTFLAGS variable replaces \
-             .cargo/config.toml): the worker's runtime keeps its LIFO slot, and (c) and (d) are \
-             not the figures of a normal build"
+            "warning: {}; (c) and (d) are not the figures of a normal build",
+            sendquota::cli::LIFO_SLOT_KEPT
         );
     }
     println!();

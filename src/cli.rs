@@ -257,6 +257,11 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
 /// the worker warns at start-up and the perf bench says so when it did not.
 pub const LIFO_SLOT_DISABLED: bool = cfg!(tokio_unstable);
 
+/// What the worker's start-up warning and the perf bench say when [`LIFO_SLOT_DISABLED`] is
+/// false.
+pub const LIFO_SLOT_KEPT: &str = "built without --cfg tokio_unstable (a RUSTFLAGS variable \
+     replaces .cargo/config.toml): the runtime keeps its LIFO slot";
+
 async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
     match cli.command {
         Command::Worker { now } => {
@@ -275,11 +280,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
                 None => None,
             };
             if !LIFO_SLOT_DISABLED {
-                tracing::warn!(
-                    "built without --cfg tokio_unstable (a RUSTFLAGS variable replaces \
-                     .cargo/config.toml): the runtime keeps its LIFO slot and writes Redis \
-                     commands one at a time"
-                );
+                tracing::warn!("{LIFO_SLOT_KEPT} and writes Redis commands one at a time");
             }
             // On a runtime worker thread, not the main thread: deliveries are then handed to
             // their tasks without waking another thread for each one.
