@@ -11,10 +11,20 @@
 //! one round trip; and the deny cache can read every mark of a recipient at once, which keeps
 //! its answers exact for redeliveries of dispatched messages.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
 use crate::limiter::keys;
 use crate::store::RedisConn;
+
+/// One mark in this many also drops the expired marks of its recipient's set. Expired marks
+/// are harmless where they stay (readers compare a mark's expiry with their now, and the set
+/// expires whole after its newest mark), so they are only removed to bound the set of a
+/// recipient who keeps receiving messages: dropping them on every mark cost Redis a third
+/// command per dispatch.
+pub const PRUNE_EVERY: u64 = 8;
 
 /// Writes dispatch marks, each kept for a configured time.
 #[derive(Clone)]
@@ -22,6 +32,7 @@ pub struct SentMarks {
     conn: RedisConn,
     namespace: String,
     ttl_ms: i64,
+    written: Arc<AtomicU64>,
 }
 
 impl SentMarks {
@@ -31,11 +42,12 @@ impl SentMarks {
             conn,
             namespace: namespace.to_owned(),
             ttl_ms: i64::try_from(ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
+            written: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    /// Records that `message_id`, for `recipient`, was dispatched at `now`. Expired marks of
-    /// the recipient are dropped on the way, and the set lives as long as its newest mark.
+    /// Records that `message_id`, for `recipient`, was dispatched at `now`; the set lives as
+    /// long as its newest mark. Every [`PRUNE_EVERY`]th mark also drops expired marks.
     pub async fn mark(
         &self,
         recipient: &str,
@@ -45,12 +57,17 @@ impl SentMarks {
         let key = keys::recipient_sent_key(&self.namespace, recipient);
         let now_ms = now.timestamp_millis();
         // One round trip; not atomic, and need not be: each command is right on its own.
-        redis::pipe()
-            .zadd(&key, message_id, now_ms.saturating_add(self.ttl_ms))
-            .ignore()
-            .zrembyscore(&key, "-inf", now_ms)
-            .ignore()
-            .pexpire(&key, self.ttl_ms)
+        let mut pipe = redis::pipe();
+        pipe.zadd(&key, message_id, now_ms.saturating_add(self.ttl_ms))
+            .ignore();
+        if self
+            .written
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(PRUNE_EVERY)
+        {
+            pipe.zrembyscore(&key, "-inf", now_ms).ignore();
+        }
+        pipe.pexpire(&key, self.ttl_ms)
             .ignore()
             .exec_async(&mut self.conn.clone())
             .await
