@@ -703,9 +703,9 @@ async fn queued(env: &TestEnv, queue: &str) -> usize {
 /// Messages of (c) with an outcome: dispatched ones waiting in the sink plus denial rows. Polled
 /// every 20 ms while the worker runs, so it must cost the measured services next to nothing: a
 /// `count(*)` of the denials, scanning every row written so far, took Postgres 1-6 ms a call,
-/// a third of what the worker's own denial writes cost it. Denial ids drawn from the sequence
-/// count instead; they can run ahead of committed rows (a batch in flight), so the exact count
-/// is taken only once they say all `n` are done.
+/// about a quarter of what the worker's own denial writes cost it. Denial ids drawn from the
+/// sequence count instead; they can run ahead of committed rows (a batch in flight), so the
+/// exact count is taken only once they say all `n` are done.
 async fn outcomes(env: &TestEnv, n: usize) -> usize {
     let dispatched = queued(env, &env.dispatched_queue).await;
     let drawn: i64 = sqlx::query_scalar(
