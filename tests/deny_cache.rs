@@ -163,16 +163,6 @@ fn cached_decisions_equal_uncached_ones_for_two_calendar_rules() {
     );
 }
 
-async fn members(redis: &sendquota::store::RedisConn, key: &str) -> Vec<String> {
-    redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut redis.clone())
-        .await
-        .expect("zrange")
-}
-
 #[tokio::test]
 async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_a_cached_denial() {
     let redis = support::connect_redis(&support::single_settings()).await;
@@ -201,7 +191,11 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
     }
     let day8 = day1 + Duration::days(7);
     assert_eq!(
-        members(&redis, &format!("{ns}:{{r:alice}}:headline:calendar_quota")).await,
+        support::zset_members(
+            &mut redis.clone(),
+            &format!("{ns}:{{r:alice}}:headline:calendar_quota")
+        )
+        .await,
         ["s6", "s7", "s8"]
     );
     // Alice is full in every zone: the first denial fills the cache, the next is a hit.

@@ -34,15 +34,12 @@ async fn expired_marks_are_dropped_within_prune_every_marks_and_live_ones_kept()
                 .await
                 .expect("mark");
         }
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut redis)
-            .await
-            .expect("zrange");
         let expected: Vec<String> = (0..n).map(|i| format!("new{i}")).collect();
-        assert_eq!(members, expected, "{target}");
+        assert_eq!(
+            support::zset_members(&mut redis, &key).await,
+            expected,
+            "{target}"
+        );
         let ttl_ms: i64 = redis::cmd("PTTL")
             .arg(&key)
             .query_async(&mut redis)

@@ -296,13 +296,7 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
     }
     for r in 0..RECIPIENTS {
         let key = format!("{NAMESPACE}:{{r:r{r}}}:headline:calendar_quota");
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut rconn)
-            .await
-            .expect("zrange");
+        let members = support::zset_members(&mut rconn, &key).await;
         let held: HashSet<String> = members.iter().cloned().collect();
         let sent = by_recipient.remove(&r).unwrap_or_default();
         if held != sent || held.len() != members.len() || held.len() > 1 {

@@ -595,6 +595,17 @@ pub async fn connect_redis(settings: &RedisSettings) -> RedisConn {
     })
 }
 
+/// Every member of the sorted set at `key`, lowest score first (quota entries, dispatch marks).
+pub async fn zset_members(conn: &mut impl redis::aio::ConnectionLike, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("zrange")
+}
+
 /// Keys matching `pattern`, on every master when `conn` is a cluster (SCAN on a cluster
 /// connection would only visit one node).
 pub async fn all_keys(conn: &RedisConn, pattern: &str) -> redis::RedisResult<Vec<String>> {
