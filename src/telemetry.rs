@@ -19,6 +19,9 @@ pub const DECISION_SECONDS: &str = "sendquota_decision_seconds";
 pub const DISPATCH_SECONDS: &str = "sendquota_dispatch_seconds";
 /// Histogram: seconds to write a denial row.
 pub const DENIAL_WRITE_SECONDS: &str = "sendquota_denial_write_seconds";
+/// Counter: denial batches committed (one statement each); the denials written divided by it is
+/// the mean batch size, which says whether `denial_batch_size` or `denial_batch_wait_ms` binds.
+pub const DENIAL_BATCHES: &str = "sendquota_denial_batches_total";
 /// Counter: deliveries the broker marked as redelivered.
 pub const REDELIVERIES: &str = "sendquota_redeliveries_total";
 /// Counter: invalid messages routed to the invalid queue.

@@ -58,6 +58,7 @@ async fn health_readiness_and_metrics_need_no_token_and_report_the_worker() {
         "sendquota_decision_seconds_bucket",
         "sendquota_dispatch_seconds_bucket",
         "sendquota_denial_write_seconds_bucket",
+        "sendquota_denial_batches_total ",
         "sendquota_clock_skew_ms",
         "sendquota_invalid_messages_total",
         "sendquota_decisions_total{outcome=\"invalid\"}",

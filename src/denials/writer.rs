@@ -52,6 +52,7 @@ async fn run(
     max_batch: usize,
     max_wait: Duration,
 ) {
+    let batches = metrics::counter!(crate::telemetry::DENIAL_BATCHES);
     while let Some(first) = rx.recv().await {
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut batch = vec![first];
@@ -65,6 +66,7 @@ async fn run(
             batch.into_iter().map(|job| (job.row, job.done)).unzip();
         match store.insert_batch(&rows).await {
             Ok(recorded) => {
+                batches.increment(1);
                 for (done, new) in waiting.into_iter().zip(recorded) {
                     let _ = done.send(Ok(new));
                 }
