@@ -20,8 +20,8 @@ use sendquota::config::{ConfigError, Settings};
 use sendquota::limiter::keys::{encode, rule_key, scope_tag};
 use sendquota::limiter::Limiter;
 use sendquota::message::{
-    InvalidMessage, SendRequest, DEFAULT_MAX_BODY_BYTES, MAX_COST, MAX_ID_CHARS, MAX_NAME_CHARS,
-    MAX_RECIPIENT_CHARS,
+    InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES, MAX_COST, MAX_ID_CHARS,
+    MAX_NAME_CHARS, MAX_RECIPIENT_CHARS,
 };
 use sendquota::policy::{Policy, ScopeValue};
 use serde_json::Value;
@@ -428,12 +428,15 @@ fn decode_property(body: &[u8]) -> TestCaseResult {
                 "to_json {}",
                 String::from_utf8_lossy(&again)
             );
-            let distance = float_distance(&decoded.payload, &request.payload);
+            let value = |p: &Option<Payload>| p.as_ref().map_or(Value::Null, Payload::to_value);
+            let (decoded_payload, request_payload) =
+                (value(&decoded.payload), value(&request.payload));
+            let distance = float_distance(&decoded_payload, &request_payload);
             prop_assert!(
                 distance.is_some(),
                 "payload changed beyond float rounding: {} vs {}",
-                decoded.payload,
-                request.payload
+                decoded_payload,
+                request_payload
             );
             MAX_DRIFT_ULPS.fetch_max(distance.unwrap_or(0) as usize, Ordering::Relaxed);
             FLOAT_DRIFT.fetch_add(1, Ordering::Relaxed);
@@ -524,7 +527,10 @@ fn a_body_exactly_at_the_limit_is_accepted_and_one_byte_over_is_too_large() {
     assert_eq!(at.len(), DEFAULT_MAX_BODY_BYTES);
     let request = SendRequest::decode(at.as_bytes(), DEFAULT_MAX_BODY_BYTES)
         .expect("a body of exactly the limit is accepted");
-    assert_eq!(request.payload, Value::String("x".repeat(pad)));
+    assert_eq!(
+        request.payload.map(|p| p.to_value()),
+        Some(Value::String("x".repeat(pad)))
+    );
 
     let over = format!("{prefix}{}{suffix}", "x".repeat(pad + 1));
     assert_eq!(over.len(), DEFAULT_MAX_BODY_BYTES + 1);
@@ -1263,7 +1269,7 @@ async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and
                 category: "default".to_owned(),
                 timezone: None,
                 cost: 1,
-                payload: Value::Null,
+                payload: None,
             };
             let evaluation = limiter_ref
                 .evaluate(policy_ref, &request, now, true)

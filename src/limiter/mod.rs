@@ -378,7 +378,7 @@ impl Limiter {
             category: category.unwrap_or("*").to_owned(),
             timezone: zone,
             cost: 1,
-            payload: serde_json::Value::Null,
+            payload: None,
         };
         let rules = policy
             .rules
