@@ -23,9 +23,12 @@ pub use writer::DenialWriter;
 /// SQLSTATE of an insert whose row falls in no partition (check_violation).
 const NO_PARTITION: &str = "23514";
 
-/// One denial event (message, rule, replay), for finding repeats within a batch.
-fn event_key(message_id: &str, rule: &str, replay_of: Option<i64>) -> String {
-    format!("{message_id}\u{1f}{rule}\u{1f}{}", replay_of.unwrap_or(0))
+/// One denial event (message, rule, replay), for finding repeats within a batch; borrowed, so
+/// a batch allocates no key per row.
+type EventKey<'a> = (&'a str, &'a str, i64);
+
+fn event_key<'a>(message_id: &'a str, rule: &'a str, replay_of: Option<i64>) -> EventKey<'a> {
+    (message_id, rule, replay_of.unwrap_or(0))
 }
 
 /// Migrations, compiled in so the binary can apply them without the source tree.
@@ -243,18 +246,18 @@ impl DenialStore {
 
     async fn try_insert_batch(&self, rows: &[DenialRow]) -> Result<Vec<bool>, DenialError> {
         // One row per event within the batch; later copies report "already recorded".
-        let keys: Vec<String> = rows
+        let keys: Vec<EventKey<'_>> = rows
             .iter()
             .map(|r| event_key(&r.message_id, &r.rule, r.replay_of))
             .collect();
-        let mut first = std::collections::HashMap::new();
+        let mut first = std::collections::HashMap::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
-            first.entry(key.as_str()).or_insert(i);
+            first.entry(*key).or_insert(i);
         }
         let unique: Vec<&DenialRow> = rows
             .iter()
             .enumerate()
-            .filter(|(i, _)| first.get(keys[*i].as_str()) == Some(i))
+            .filter(|(i, _)| first.get(&keys[*i]) == Some(i))
             .map(|(_, r)| r)
             .collect();
         // Columns borrow from the rows: nothing is copied before sqlx encodes it.
@@ -277,14 +280,14 @@ impl DenialStore {
         .bind(unique.iter().map(|r| r.replay_of).collect::<Vec<_>>())
         .fetch_all(&self.pool)
         .await?;
-        let new: std::collections::HashSet<String> = inserted
+        let new: std::collections::HashSet<EventKey<'_>> = inserted
             .iter()
             .map(|(id, rule, replay)| event_key(id, rule, *replay))
             .collect();
         Ok(keys
             .iter()
             .enumerate()
-            .map(|(i, key)| first.get(key.as_str()) == Some(&i) && new.contains(key))
+            .map(|(i, key)| first.get(key) == Some(&i) && new.contains(key))
             .collect())
     }
 

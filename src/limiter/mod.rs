@@ -11,7 +11,7 @@ pub mod keys;
 mod kinds;
 pub mod script;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -441,10 +441,16 @@ impl Limiter {
         zone: Tz,
         marks: bool,
     ) -> Vec<ScopeCall<'r>> {
-        let mut by_scope: BTreeMap<Scope, Vec<(usize, &'r Rule)>> = BTreeMap::new();
+        // A message has rules of one or two scopes: a vector is found faster than a map is
+        // built (the map's node was about 2% of the worker's CPU per message).
+        let mut by_scope: Vec<(Scope, Vec<(usize, &'r Rule)>)> = Vec::with_capacity(2);
         for (index, rule) in rules.iter().enumerate() {
-            by_scope.entry(rule.scope).or_default().push((index, rule));
+            match by_scope.iter_mut().find(|(scope, _)| *scope == rule.scope) {
+                Some((_, group)) => group.push((index, rule)),
+                None => by_scope.push((rule.scope, vec![(index, rule)])),
+            }
         }
+        by_scope.sort_unstable_by_key(|(scope, _)| *scope);
         by_scope
             .into_iter()
             .map(|(scope, rules)| {
