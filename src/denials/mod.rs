@@ -226,12 +226,16 @@ impl DenialStore {
     /// Records many denials in one transaction; for each row, whether it was new (false when
     /// the same event was recorded before, or earlier in this batch). Creates the partitions
     /// of months that have none yet.
-    pub async fn insert_batch(&self, rows: &[DenialRow]) -> Result<Vec<bool>, DenialError> {
+    pub async fn insert_batch<R>(&self, rows: &[R]) -> Result<Vec<bool>, DenialError>
+    where
+        R: std::borrow::Borrow<DenialRow> + Sync,
+    {
         match self.try_insert_batch(rows).await {
             Err(DenialError::Database(sqlx::Error::Database(e)))
                 if e.code().as_deref() == Some(NO_PARTITION) =>
             {
-                let months: Vec<DateTime<Utc>> = rows.iter().map(|r| r.denied_at).collect();
+                let months: Vec<DateTime<Utc>> =
+                    rows.iter().map(|r| r.borrow().denied_at).collect();
                 sqlx::query(
                     "SELECT denials_ensure_partition(m) FROM unnest($1::timestamptz[]) AS m",
                 )
@@ -244,7 +248,11 @@ impl DenialStore {
         }
     }
 
-    async fn try_insert_batch(&self, rows: &[DenialRow]) -> Result<Vec<bool>, DenialError> {
+    async fn try_insert_batch<R>(&self, rows: &[R]) -> Result<Vec<bool>, DenialError>
+    where
+        R: std::borrow::Borrow<DenialRow> + Sync,
+    {
+        let rows: Vec<&DenialRow> = rows.iter().map(|r| r.borrow()).collect();
         // One row per event within the batch; later copies report "already recorded".
         let keys: Vec<EventKey<'_>> = rows
             .iter()
@@ -258,7 +266,7 @@ impl DenialStore {
             .iter()
             .enumerate()
             .filter(|(i, _)| first.get(&keys[*i]) == Some(i))
-            .map(|(_, r)| r)
+            .map(|(_, r)| *r)
             .collect();
         // Columns borrow from the rows: nothing is copied before sqlx encodes it.
         let column = |f: fn(&DenialRow) -> &str| unique.iter().map(|r| f(r)).collect::<Vec<_>>();

@@ -62,19 +62,20 @@ async fn run(
                 Ok(None) | Err(_) => break,
             }
         }
-        let (rows, waiting): (Vec<DenialRow>, Vec<_>) =
-            batch.into_iter().map(|job| (job.row, job.done)).unzip();
+        // The rows are lent from their jobs: moving each out (an unzip of rows and senders) was
+        // about 2% of the worker's CPU in a profile of the perf bench's (c).
+        let rows: Vec<&DenialRow> = batch.iter().map(|job| &job.row).collect();
         match store.insert_batch(&rows).await {
             Ok(recorded) => {
                 batches.increment(1);
-                for (done, new) in waiting.into_iter().zip(recorded) {
-                    let _ = done.send(Ok(new));
+                for (job, new) in batch.into_iter().zip(recorded) {
+                    let _ = job.done.send(Ok(new));
                 }
             }
             Err(e) => {
                 let message = e.to_string();
-                for done in waiting {
-                    let _ = done.send(Err(message.clone()));
+                for job in batch {
+                    let _ = job.done.send(Err(message.clone()));
                 }
             }
         }
