@@ -90,7 +90,7 @@ pub struct SendRequest {
 
 /// A request's payload, kept as the JSON text the producer wrote. Dispatch publishes the
 /// original body and a denial row stores this text, so the worker never builds a tree of it:
-/// decoding checks it in one pass that allocates nothing ([`Scan`]). Parsing it into a tree
+/// decoding checks it in one pass that allocates nothing. Parsing it into a tree
 /// only to write it out again was about a twentieth of the worker's CPU per message; and the
 /// text passes through exactly, floats and all.
 #[derive(Debug, Clone)]
