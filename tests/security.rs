@@ -701,7 +701,9 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
     assert!(script_rs.contains("redis::Script::new(&source_for(kinds))"));
     // Every piece a script is composed of is a file of lua/, compiled in verbatim, and every
     // file of lua/ is one piece.
-    use sendquota::limiter::script::{source_for, KindSet, DRIVER, KIND_SOURCES, PRELUDE};
+    use sendquota::limiter::script::{
+        prelude_for, source_for, KindSet, DRIVER, KIND_SOURCES, PRELUDE,
+    };
     let lua = |name: &str| {
         std::fs::read_to_string(root.join("lua").join(format!("{name}.lua"))).expect("read lua")
     };
@@ -723,17 +725,16 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
         .filter(|n| n.ends_with(".lua"))
         .collect();
     assert_eq!(pieces_set, on_disk);
-    // A composed script is exactly the prelude, the kinds asked for and the driver.
+    // A composed script is exactly the prelude (less the helpers nothing in it calls), the
+    // kinds asked for and the driver.
     let headline = source_for(KindSet::of(["calendar_quota"]));
-    assert_eq!(
-        headline,
-        format!(
-            "{}\n{}\n{}",
-            lua("prelude"),
-            lua("calendar_quota"),
-            lua("decide")
-        )
-    );
+    let body = format!("{}\n{}", lua("calendar_quota"), lua("decide"));
+    assert_eq!(headline, format!("{}\n{body}", prelude_for(&body)));
+    let prelude = lua("prelude");
+    let paragraphs: Vec<&str> = prelude.split("\n\n").collect();
+    assert!(prelude_for(&body)
+        .split("\n\n")
+        .all(|kept| paragraphs.contains(&kept)));
     let all = source_for(KindSet::ALL);
     let every_kind: String = KIND_SOURCES.iter().map(|(k, _)| lua(k) + "\n").collect();
     assert_eq!(
