@@ -1023,7 +1023,7 @@ struct Histogram {
 }
 
 fn histogram(metrics: &str, name: &str) -> Histogram {
-    let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    let mut buckets = Vec::new();
     let (mut sum, mut count) = (0.0, 0.0);
     let value = |line: &str| -> f64 {
         line.rsplit(' ')
@@ -1045,33 +1045,39 @@ fn histogram(metrics: &str, name: &str) -> Histogram {
                     }
                 })
                 .unwrap_or(f64::INFINITY);
-            // Non-negative floats order like their bit patterns.
-            buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += value(line);
+            buckets.push((le, value(line)));
         } else if line.starts_with(&format!("{name}_sum")) {
             sum += value(line);
         } else if line.starts_with(&format!("{name}_count")) {
             count += value(line);
         }
     }
-    Histogram {
-        buckets: buckets.into_values().collect(),
-        sum,
-        count,
-    }
+    Histogram::summed(buckets, sum, count)
 }
 
 impl Histogram {
-    /// Two scrapes' histograms as one: counts added bucket by bucket.
-    fn plus(self, o: Histogram) -> Histogram {
+    /// A histogram from (upper bound, cumulative count) pairs, the counts of equal bounds added
+    /// (several label sets of one scrape, or two scrapes).
+    fn summed(pairs: impl IntoIterator<Item = (f64, f64)>, sum: f64, count: f64) -> Histogram {
         let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-        for (le, count) in self.buckets.into_iter().chain(o.buckets) {
-            buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += count;
+        for (le, n) in pairs {
+            // Non-negative floats order like their bit patterns.
+            buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += n;
         }
         Histogram {
             buckets: buckets.into_values().collect(),
-            sum: self.sum + o.sum,
-            count: self.count + o.count,
+            sum,
+            count,
         }
+    }
+
+    /// Two scrapes' histograms as one: counts added bucket by bucket.
+    fn plus(self, o: Histogram) -> Histogram {
+        Histogram::summed(
+            self.buckets.into_iter().chain(o.buckets),
+            self.sum + o.sum,
+            self.count + o.count,
+        )
     }
 
     /// The q-quantile, interpolated linearly inside its bucket (as PromQL's
