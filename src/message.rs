@@ -267,6 +267,9 @@ struct Scan {
     nul: bool,
 }
 
+/// What every value without text (a number, a boolean, null) scans to.
+const NO_NUL: Scan = Scan { nul: false };
+
 impl<'de> Deserialize<'de> for Scan {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Scan, D::Error> {
         deserializer.deserialize_any(ScanVisitor)
@@ -283,23 +286,23 @@ impl<'de> serde::de::Visitor<'de> for ScanVisitor {
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<Scan, E> {
-        Ok(Scan { nul: false })
+        Ok(NO_NUL)
     }
 
     fn visit_i64<E>(self, _: i64) -> Result<Scan, E> {
-        Ok(Scan { nul: false })
+        Ok(NO_NUL)
     }
 
     fn visit_u64<E>(self, _: u64) -> Result<Scan, E> {
-        Ok(Scan { nul: false })
+        Ok(NO_NUL)
     }
 
     fn visit_f64<E>(self, _: f64) -> Result<Scan, E> {
-        Ok(Scan { nul: false })
+        Ok(NO_NUL)
     }
 
     fn visit_unit<E>(self) -> Result<Scan, E> {
-        Ok(Scan { nul: false })
+        Ok(NO_NUL)
     }
 
     fn visit_str<E>(self, text: &str) -> Result<Scan, E> {
