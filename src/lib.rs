@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store`
-//! (the Redis connection, single or cluster), `broker` (RabbitMQ topology and confirmed
+//! (the Redis connection, single or cluster), `resp` (the worker's own link to a single Redis
+//! server), `amqp` (its own AMQP client), `broker` (RabbitMQ topology and confirmed
 //! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice),
 //! `denials` (the Postgres history operators query), `cli` (the `sendquota` command).
 
@@ -31,6 +32,7 @@ pub mod message;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;
+pub mod resp;
 pub mod sent;
 pub mod store;
 pub mod telemetry;

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -84,8 +84,8 @@ fn supported(version: &str) -> Result<(), VersionError> {
 /// A Redis connection usable by scripts and commands alike; cheap to clone.
 #[derive(Clone)]
 pub enum RedisConn {
-    /// A single server, reconnecting by itself.
-    Single(ConnectionManager),
+    /// A single server, reconnecting by itself (see [`crate::resp`]).
+    Single(crate::resp::Connection),
     /// A Redis Cluster; keys of one scope share a hash tag and so a slot.
     Cluster(ClusterConnection),
 }
@@ -95,13 +95,8 @@ impl RedisConn {
     pub async fn connect(settings: &RedisSettings) -> redis::RedisResult<RedisConn> {
         let timeout = Duration::from_millis(settings.response_timeout_ms);
         if settings.cluster_urls.is_empty() {
-            let client = redis::Client::open(settings.url.as_str())?;
-            let config = ConnectionManagerConfig::new()
-                .set_response_timeout(Some(timeout))
-                .set_connection_timeout(Some(timeout))
-                .set_number_of_retries(2);
             Ok(RedisConn::Single(
-                client.get_connection_manager_with_config(config).await?,
+                crate::resp::Connection::connect(&settings.url, timeout).await?,
             ))
         } else {
             let client = ClusterClient::builder(settings.cluster_urls.iter().map(String::as_str))
