@@ -85,6 +85,7 @@ async fn commands_pipelines_and_transactions_answer_as_redis_rs_answers_them() {
                 "transaction:(4, 5)".into(),
                 "wrongtype:WRONGTYPE".into(),
                 "refused transaction:Server(ExecAbort)".into(),
+                "empty pipeline:Client".into(),
                 "after errors:\"v\"".into(),
             ],
             "{label}"
@@ -195,6 +196,11 @@ impl<C: ConnectionLike + Send> Probe for C {
             out.push(format!(
                 "refused transaction:{:?}",
                 refused.expect_err("EXECABORT").kind()
+            ));
+            let empty: redis::RedisResult<Vec<String>> = redis::pipe().query_async(conn).await;
+            out.push(format!(
+                "empty pipeline:{:?}",
+                empty.expect_err("nothing to send").kind()
             ));
             let after: String = redis::cmd("GET")
                 .arg(a)

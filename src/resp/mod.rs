@@ -206,6 +206,11 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
+            // Nothing to send and no reply to wait for (a slot expecting none would take the
+            // next request's reply): refused, as redis-rs's own connection refuses it.
+            if offset + count == 0 {
+                return Err(RedisError::from((ErrorKind::Client, "empty command")));
+            }
             let (tx, rx) = oneshot::channel();
             let slot = Slot::Many {
                 skip: offset,
