@@ -269,8 +269,8 @@ fn pids_named(comm: &str) -> Vec<String> {
         .collect()
 }
 
-/// The first number after `field` in /proc/PID/`file` (VmHWM in status is in KiB; syscw in io
-/// counts write system calls), 0 if the process or the field is gone.
+/// The first number after `field` in /proc/PID/`file` (VmHWM in status is in KiB), 0 if the
+/// process or the field is gone.
 fn proc_number(pid: u32, file: &str, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .ok()
@@ -1124,7 +1124,7 @@ struct EndToEnd {
     /// Context switches of the worker's threads per message, and how many threads it has.
     switches_per_msg: f64,
     /// Write system calls of the worker per message (start-up included).
-    writes_per_msg: f64,
+    segments_per_msg: f64,
     threads: usize,
     /// Redis commands during the run: (command, calls per message, microseconds per message).
     commands: Vec<(String, f64, f64)>,
@@ -1152,7 +1152,7 @@ impl EndToEnd {
             dispatch: self.dispatch.plus(o.dispatch),
             denial_write: self.denial_write.plus(o.denial_write),
             switches_per_msg: mean(self.switches_per_msg, o.switches_per_msg),
-            writes_per_msg: mean(self.writes_per_msg, o.writes_per_msg),
+            segments_per_msg: mean(self.segments_per_msg, o.segments_per_msg),
             threads: self.threads.max(o.threads),
             commands: mean_by_name(self.commands, o.commands),
             threads_cpu: mean_by_name(self.threads_cpu, o.threads_cpu),
@@ -1180,6 +1180,34 @@ fn mean_by_name(a: Vec<(String, f64, f64)>, b: Vec<(String, f64, f64)>) -> Vec<(
         .collect();
     out.sort_by(|a, b| b.2.total_cmp(&a.2));
     out
+}
+
+/// TCP data segments sent so far over every established socket of `pid` (`ss`'s
+/// `data_segs_out`): each socket write of the worker's clients leaves as at least one segment.
+/// System-call counters (`syscw` in /proc/PID/io) miss them: they count write and writev, and
+/// the clients write with send. 0 when `ss` cannot be run.
+fn segments_sent(pid: u32) -> u64 {
+    let Ok(out) = Command::new("ss")
+        .args(["-tinpH", "state", "established"])
+        .output()
+    else {
+        return 0;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let owner = format!("pid={pid},");
+    let mut total = 0;
+    let mut ours = false;
+    for line in text.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            ours = line.contains(&owner);
+        } else if ours {
+            total += line
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("data_segs_out:")?.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
 }
 
 /// Voluntary plus involuntary context switches over every thread of `pid`, and the threads.
@@ -1297,8 +1325,8 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, tally: &mut Tally) -
     let hwm_kib = proc_number(pid, "status", "VmHWM:");
     let (switches, threads) = context_switches(pid);
     // How well the worker's clients batch what they send: a Redis command, a publish or an ack
-    // written alone is one call.
-    let writes = proc_number(pid, "io", "syscw:");
+    // written alone is one segment.
+    let segments = segments_sent(pid);
     let threads_cpu = thread_ticks(pid)
         .into_iter()
         .map(|(name, (user, system))| {
@@ -1337,7 +1365,7 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, tally: &mut Tally) -
         dispatch: histogram(&metrics, sendquota::telemetry::DISPATCH_SECONDS),
         denial_write: histogram(&metrics, sendquota::telemetry::DENIAL_WRITE_SECONDS),
         switches_per_msg: switches as f64 / n as f64,
-        writes_per_msg: writes as f64 / n as f64,
+        segments_per_msg: segments as f64 / n as f64,
         threads,
         commands,
         threads_cpu,
@@ -1757,11 +1785,12 @@ async fn main() {
         Some(rss_mib <= RSS_MAX_MIB),
     ));
     notes.push(format!(
-        "(d) the worker's {} threads made {:.1} context switches and {:.2} write system calls per \
-         message; its CPU per message by thread (user + system us, start-up included): {}",
+        "(d) the worker's {} threads made {:.1} context switches per message and its sockets sent \
+         {:.2} TCP data segments per message (Redis, broker and Postgres, start-up included); \
+         its CPU per message by thread (user + system us, start-up included): {}",
         e2e.threads,
         e2e.switches_per_msg,
-        e2e.writes_per_msg,
+        e2e.segments_per_msg,
         e2e.threads_cpu
             .iter()
             .map(|(name, user, system)| format!("{name} {user:.1} + {system:.1}"))

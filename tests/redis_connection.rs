@@ -291,13 +291,20 @@ async fn a_restarted_server_is_reached_again_and_forgotten_scripts_are_loaded_ag
     let two: i64 = script.arg(1).invoke_async(&mut conn).await.expect("script");
     assert_eq!(two, 2);
     tokio::task::block_in_place(|| redis.restart());
-    let mut fresh = reference(&redis.url()).await;
-    let known: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(script.get_hash())
-        .query_async(&mut fresh)
-        .await
-        .expect("SCRIPT EXISTS");
+    let fresh = reference(&redis.url()).await;
+    // A restarted server answers LOADING until it has read its data back.
+    let known: Vec<bool> = eventually(Duration::from_secs(10), || {
+        let mut fresh = fresh.clone();
+        let hash = script.get_hash().to_owned();
+        async move {
+            redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(hash)
+                .query_async(&mut fresh)
+                .await
+        }
+    })
+    .await;
     assert_eq!(known, [false], "the restarted server forgot the script");
     let three: i64 = eventually(Duration::from_secs(10), || {
         let (mut c, s) = (conn.clone(), script.clone());
