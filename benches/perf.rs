@@ -51,7 +51,6 @@ use lapin::BasicProperties;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use sendquota::acks::Settler;
-use sendquota::amqp;
 use sendquota::broker::{Names, Publisher};
 use sendquota::config::{QueueType, Settings};
 use sendquota::limiter::calendar::{day_number, day_start};
@@ -758,36 +757,60 @@ async fn prepublish(env: &TestEnv, bodies: &[Vec<u8>], label: &str) {
 }
 
 /// A channel on `conn` with the prefetch of (a2) and (c), for consuming.
-async fn prefetching_channel(conn: &amqp::Connection) -> amqp::Channel {
+async fn prefetching_channel(conn: &lapin::Connection) -> lapin::Channel {
     let channel = conn.create_channel().await.expect("channel");
-    channel.basic_qos(E2E_PREFETCH).await.expect("qos");
+    channel
+        .basic_qos(E2E_PREFETCH, lapin::options::BasicQosOptions::default())
+        .await
+        .expect("qos");
     channel
 }
 
 /// Starts consuming the requests queue of `names` on `channel`.
-async fn consume_requests(channel: &amqp::Channel, names: &Names) -> amqp::Consumer {
+async fn consume_requests(channel: &lapin::Channel, names: &Names) -> lapin::Consumer {
     channel
-        .basic_consume(&names.requests)
+        .basic_consume(
+            names.requests.as_str().into(),
+            "sendquota-perf".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
         .await
         .expect("consume")
 }
 
+/// A consuming and a publishing connection to the test broker, as the worker opens them.
+async fn connection_pair(role: &str) -> (lapin::Connection, lapin::Connection) {
+    let settings = sendquota::config::AmqpSettings {
+        url: support::amqp_url(),
+        ..Default::default()
+    };
+    let consume = sendquota::broker::connect(&settings, &format!("{role}-consume"))
+        .await
+        .expect("amqp connect");
+    let publish = sendquota::broker::connect(&settings, &format!("{role}-publish"))
+        .await
+        .expect("amqp connect");
+    (consume, publish)
+}
+
 /// One relayed message: publish, wait for its confirm, ack.
-type RelayOne =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), amqp::AmqpError>> + Send>>;
+type RelayOne = std::pin::Pin<Box<dyn std::future::Future<Output = lapin::Result<()>> + Send>>;
 
 /// (a2): consumes the requests queue (quorum) with prefetch 1000 and republishes every
 /// delivery to the dispatch exchange, publisher-confirmed and mandatory as the worker does,
-/// acking after the confirm; all of it concurrently, through the worker's AMQP client (the
-/// cheapest client at hand, so the ceiling is the broker's, not a client's). Spawned on a
-/// runtime shaped like the worker's (see [`on_worker_runtime`]). Returns the elapsed time.
+/// acking after the confirm; all of it concurrently, through lapin, the worker's AMQP client,
+/// on two connections as the worker uses (so the ceiling is the broker's and the client's,
+/// not extra work). Spawned on a runtime shaped like the worker's (see [`on_worker_runtime`]).
+/// Returns the elapsed time.
 async fn relay(names: Names, n: usize) -> Duration {
-    let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-relay")
-        .await
-        .expect("amqp connect");
+    let (conn, publish_conn) = connection_pair("sendquota-perf-relay").await;
     let consume = prefetching_channel(&conn).await;
-    let publish = conn.create_channel().await.expect("channel");
-    publish.confirm_select().await.expect("confirm mode");
+    let publish = publish_conn.create_channel().await.expect("channel");
+    publish
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
     let mut progress = Progress::new("a2 relay", n);
     let began = Instant::now();
     let mut consumer = consume_requests(&consume, &names).await;
@@ -809,15 +832,22 @@ async fn relay(names: Names, n: usize) -> Duration {
                 let (publish, consume) = (publish.clone(), consume.clone());
                 let (exchange, props) = (names.dispatch.clone(), props.clone());
                 in_flight.push(Box::pin(async move {
+                    let options = lapin::options::BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    };
                     let confirm = publish
-                        .publish(&exchange, "sms", true, &props, &delivery.data)
+                        .basic_publish(exchange.as_str().into(), "sms".into(), options, &delivery.data, props)
+                        .await?
                         .await?;
                     assert_eq!(
                         confirm,
-                        amqp::Confirmation::Ack,
+                        lapin::Confirmation::Ack(None),
                         "relay publish not confirmed and routed"
                     );
-                    consume.basic_ack(delivery.delivery_tag, false)
+                    consume
+                        .basic_ack(delivery.delivery_tag, lapin::options::BasicAckOptions::default())
+                        .await
                 }));
             }
         }
@@ -825,8 +855,9 @@ async fn relay(names: Names, n: usize) -> Duration {
     let elapsed = began.elapsed();
     drop(consumer);
     // Close the consuming channel first so the broker has its acks before the connection goes.
-    let _ = consume.close().await;
-    let _ = conn.close(200, "relay done").await;
+    let _ = consume.close(200, "relay done".into()).await;
+    let _ = conn.close(200, "relay done".into()).await;
+    let _ = publish_conn.close(200, "relay done".into()).await;
     elapsed
 }
 
@@ -838,10 +869,10 @@ async fn relay(names: Names, n: usize) -> Duration {
 /// denial rows and the dispatch marks are taken away. Runs on a runtime like [`relay`].
 /// Returns the elapsed time.
 async fn broker_floor(names: Names, n: usize) -> Duration {
-    let conn = sendquota::broker::connect(&support::amqp_url(), "sendquota-perf-floor")
+    let (conn, publish_conn) = connection_pair("sendquota-perf-floor").await;
+    let publisher = Publisher::open(&publish_conn)
         .await
-        .expect("amqp connect");
-    let publisher = Publisher::open(&conn).await.expect("publisher channel");
+        .expect("publisher channel");
     let consume = prefetching_channel(&conn).await;
     let (settler, settling) = Settler::spawn(consume.clone());
     let slots = Arc::new(Semaphore::new(usize::from(E2E_PREFETCH)));
@@ -882,8 +913,9 @@ async fn broker_floor(names: Names, n: usize) -> Duration {
     settling.await.expect("settler");
     let elapsed = began.elapsed();
     drop(consumer);
-    let _ = consume.close().await;
-    let _ = conn.close(200, "floor done").await;
+    let _ = consume.close(200, "floor done".into()).await;
+    let _ = conn.close(200, "floor done".into()).await;
+    let _ = publish_conn.close(200, "floor done".into()).await;
     elapsed
 }
 

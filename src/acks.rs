@@ -22,7 +22,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use crate::amqp::{AmqpError, Channel};
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::Channel;
 
 /// Longest a finished delivery waits for the deliveries before it before it is acked alone.
 pub const ACK_HOLD: Duration = Duration::from_millis(20);
@@ -130,7 +131,8 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
                             ledger.finished.insert(tag, Some(Instant::now()));
                         }
                         Settle::Requeue(tag) => {
-                            send("nack", channel.basic_nack(tag, false, true), &mut failed);
+                            let nack = BasicNackOptions { multiple: false, requeue: true };
+                            send("nack", channel.basic_nack(tag, nack).await, &mut failed);
                             ledger.finished.insert(tag, None);
                         }
                     }
@@ -138,7 +140,8 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
                 }
                 if let Some(tag) = ledger.advance() {
                     multiple.increment(1);
-                    send("ack", channel.basic_ack(tag, true), &mut failed);
+                    let ack = BasicAckOptions { multiple: true };
+                    send("ack", channel.basic_ack(tag, ack).await, &mut failed);
                 }
                 if finishing {
                     break;
@@ -147,7 +150,7 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
             _ = tick.tick() => {
                 for tag in ledger.overdue(Instant::now(), ACK_HOLD) {
                     single.increment(1);
-                    send("ack", channel.basic_ack(tag, false), &mut failed);
+                    send("ack", channel.basic_ack(tag, BasicAckOptions::default()).await, &mut failed);
                 }
             }
         }
@@ -155,13 +158,17 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
     // Acks still owed now are behind deliveries that never finished: each is sent alone.
     for tag in ledger.overdue(Instant::now(), Duration::ZERO) {
         single.increment(1);
-        send("ack", channel.basic_ack(tag, false), &mut failed);
+        send(
+            "ack",
+            channel.basic_ack(tag, BasicAckOptions::default()).await,
+            &mut failed,
+        );
     }
 }
 
 /// Reports a settlement that could not be queued: the channel is gone and the broker
 /// redelivers everything unsettled, so it is logged once per channel.
-fn send(what: &str, queued: Result<(), AmqpError>, failed: &mut bool) {
+fn send(what: &str, queued: Result<(), lapin::Error>, failed: &mut bool) {
     if let Err(e) = queued {
         if !*failed {
             warn!(error = %e, "{what} failed; the broker redelivers what is unsettled");

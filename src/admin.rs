@@ -48,10 +48,12 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 /// How long readiness waits for each service.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Whether the worker's consumer is running; readiness reports it.
+/// Whether the worker's consumer is running, and whether the broker blocks its publishing
+/// connection; readiness reports both.
 #[derive(Debug, Default)]
 pub struct Health {
     consuming: AtomicBool,
+    blocked: std::sync::Mutex<Option<String>>,
 }
 
 impl Health {
@@ -63,6 +65,20 @@ impl Health {
     /// Whether deliveries are being taken.
     pub fn consuming(&self) -> bool {
         self.consuming.load(Ordering::SeqCst)
+    }
+
+    /// Records the broker's reason for blocking the publishing connection (`None`: not
+    /// blocked). No delivery is taken meanwhile.
+    pub fn set_blocked(&self, reason: Option<String>) {
+        *self.blocked.lock().unwrap_or_else(|p| p.into_inner()) = reason;
+    }
+
+    /// Why the broker blocks the publishing connection, if it does.
+    pub fn blocked(&self) -> Option<String> {
+        self.blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -168,7 +184,8 @@ async fn ready(State(state): State<AdminState>) -> Response {
         .await
         .is_ok_and(|r| r.is_ok());
     let consuming = state.health.consuming();
-    let ready = redis && postgres && consuming;
+    let blocked = state.health.blocked();
+    let ready = redis && postgres && consuming && blocked.is_none();
     let status = if ready {
         StatusCode::OK
     } else {
@@ -176,6 +193,7 @@ async fn ready(State(state): State<AdminState>) -> Response {
     };
     let body = json!({
         "ready": ready, "redis": redis, "postgres": postgres, "consuming": consuming,
+        "blocked": blocked,
     });
     (status, Json(body)).into_response()
 }

@@ -9,13 +9,19 @@
 //!
 //! Declarations are idempotent, so every worker declares everything at start.
 
-use chrono::{DateTime, Utc};
+use std::future::Future;
 
-use crate::amqp::{
-    AMQPValue, AmqpError, BasicProperties, Channel, Confirmation, Connection, FieldTable,
-    LongString, ShortString,
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
-use crate::config::QueueType;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Event};
+use tokio::sync::watch;
+
+use crate::config::{AmqpSettings, QueueType};
 
 /// Header naming why a message was sent to the invalid queue.
 pub const REASON_HEADER: &str = "x-sendquota-reason";
@@ -32,15 +38,19 @@ pub const DELAY_TIERS_MS: [i64; 8] = [
 
 /// Longest wait for the broker to accept a connection, a declaration or a publish confirm:
 /// past it the operation is treated as failed and retried, so a stuck broker cannot stall a
-/// message forever.
+/// message forever. Time while the broker blocks the connection (a resource alarm) does not
+/// count: a publish confirmed after the alarm clears must not be sent again.
 pub const BROKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Broker failures: the message must be retried.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    /// The connection or channel failed.
+    /// The connection or channel failed, or the broker refused an operation.
     #[error("rabbitmq: {0}")]
-    Amqp(#[from] AmqpError),
+    Amqp(#[from] lapin::Error),
+    /// The TLS certificate files could not be used.
+    #[error("rabbitmq: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// The broker refused the message (publisher confirm nack).
     #[error("rabbitmq refused the message published to {exchange:?}")]
     Nacked {
@@ -64,6 +74,60 @@ pub enum BrokerError {
         /// Messages waiting in the requests queue.
         ready: u32,
     },
+    /// The broker ended the consumer (its queue was deleted) or the delivery stream closed.
+    #[error("rabbitmq: the consumer was cancelled")]
+    ConsumerEnded,
+    /// The broker closed a channel of the session (a publish to a deleted exchange, say).
+    #[error("rabbitmq closed the {0} channel")]
+    ChannelClosed(&'static str),
+    /// A name or routing key does not fit in AMQP's 255-byte short string.
+    #[error("name too long for AMQP (over 255 bytes): {0:?}")]
+    NameTooLong(String),
+}
+
+/// `s` as an AMQP short string, or an error naming it (lapin's `From` would panic).
+pub fn short(s: &str) -> Result<ShortString, BrokerError> {
+    ShortString::try_new(s).map_err(|_| BrokerError::NameTooLong(s.to_owned()))
+}
+
+/// `future`, failed with [`BrokerError::Timeout`] once it has waited [`BROKER_TIMEOUT`] while
+/// the connection was not blocked. Waiting starts afresh when a block ends.
+pub async fn within<T, E>(
+    what: &'static str,
+    blocked: &watch::Receiver<Option<String>>,
+    future: impl Future<Output = Result<T, E>>,
+) -> Result<T, BrokerError>
+where
+    BrokerError: From<E>,
+{
+    let mut blocked = blocked.clone();
+    tokio::pin!(future);
+    loop {
+        if blocked.borrow_and_update().is_some() {
+            tokio::select! {
+                done = &mut future => return Ok(done?),
+                _ = blocked.wait_for(Option::is_none) => continue,
+            }
+        }
+        tokio::select! {
+            done = &mut future => return Ok(done?),
+            _ = tokio::time::sleep(BROKER_TIMEOUT) => return Err(BrokerError::Timeout(what)),
+            _ = blocked.wait_for(Option::is_some) => continue,
+        }
+    }
+}
+
+/// A timeout for operations on a connection that is never blocked (the consuming one).
+pub async fn timed<T, E>(
+    what: &'static str,
+    future: impl Future<Output = Result<T, E>>,
+) -> Result<T, BrokerError>
+where
+    BrokerError: From<E>,
+{
+    Ok(tokio::time::timeout(BROKER_TIMEOUT, future)
+        .await
+        .map_err(|_| BrokerError::Timeout(what))??)
 }
 
 /// The exchange and queue names of one namespace.
@@ -95,12 +159,48 @@ impl Names {
     }
 }
 
-/// Opens a connection named after the process role.
-pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    tokio::time::timeout(BROKER_TIMEOUT, Connection::connect(url, name))
-        .await
-        .map_err(|_| BrokerError::Timeout("connect"))?
-        .map_err(BrokerError::from)
+/// Opens a connection named after the process role (`sendquota-worker-consume`, ...), with
+/// TLS for `amqps://` URLs and the negotiated heartbeat.
+pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, BrokerError> {
+    let tls = settings.tls.amqp()?;
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    let runtime = lapin::runtime::default_runtime()?;
+    timed(
+        "connect",
+        Connection::connect_with_config(&settings.url, properties, tls, runtime),
+    )
+    .await
+}
+
+/// Whether the broker blocks `connection` (a resource alarm), and why: `Some(reason)` while
+/// blocked. Follows the connection's events until every receiver is dropped.
+pub fn blocked_state(connection: &Connection) -> watch::Receiver<Option<String>> {
+    let initial = connection
+        .status()
+        .blocked()
+        .then(|| "blocked by the broker".to_owned());
+    let (tx, rx) = watch::channel(initial);
+    let mut events = Box::pin(connection.events_listener());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(Event::ConnectionBlocked(reason)) => {
+                        tracing::warn!(%reason, "rabbitmq blocked the publishing connection");
+                        let _ = tx.send(Some(reason));
+                    }
+                    Some(Event::ConnectionUnblocked) => {
+                        tracing::info!("rabbitmq unblocked the publishing connection");
+                        let _ = tx.send(None);
+                    }
+                    Some(_) => {}
+                    None => return,
+                },
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    rx
 }
 
 /// Queue arguments choosing the queue type (`x-queue-type`).
@@ -120,21 +220,44 @@ pub async fn declare(
     names: &Names,
     queue_type: QueueType,
 ) -> Result<(), BrokerError> {
+    let durable_exchange = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let durable_queue = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
     let none = FieldTable::default;
-    channel
-        .exchange_declare(&names.requests, "fanout", none())
+    let exchanges = [
+        (&names.requests, lapin::ExchangeKind::Fanout),
+        (&names.dispatch, lapin::ExchangeKind::Topic),
+    ];
+    for (exchange, kind) in exchanges {
+        timed(
+            "exchange.declare",
+            channel.exchange_declare(short(exchange)?, kind, durable_exchange, none()),
+        )
         .await?;
-    channel
-        .exchange_declare(&names.dispatch, "topic", none())
-        .await?;
-    for queue in [&names.requests, &names.invalid] {
-        channel
-            .queue_declare(queue, false, queue_args(queue_type))
-            .await?;
     }
-    channel
-        .queue_bind(&names.requests, &names.requests, "")
+    for queue in [&names.requests, &names.invalid] {
+        timed(
+            "queue.declare",
+            channel.queue_declare(short(queue)?, durable_queue, queue_args(queue_type)),
+        )
         .await?;
+    }
+    timed(
+        "queue.bind",
+        channel.queue_bind(
+            short(&names.requests)?,
+            short(&names.requests)?,
+            "".into(),
+            QueueBindOptions::default(),
+            none(),
+        ),
+    )
+    .await?;
     for ttl in DELAY_TIERS_MS {
         // Classic queues: every message in one has the same TTL, so they expire in order.
         let mut args = queue_args(QueueType::Classic);
@@ -143,11 +266,27 @@ pub async fn declare(
             "x-dead-letter-exchange".into(),
             AMQPValue::LongString(names.requests.as_str().into()),
         );
-        channel
-            .queue_declare(&names.delay_queue(ttl), false, args)
-            .await?;
+        timed(
+            "queue.declare",
+            channel.queue_declare(short(&names.delay_queue(ttl))?, durable_queue, args),
+        )
+        .await?;
     }
     Ok(())
+}
+
+/// Messages ready in `queue` (a passive declare), for the consumer watchdog.
+pub async fn ready_count(channel: &Channel, queue: &str) -> Result<u32, BrokerError> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let declared = timed(
+        "queue.declare passive",
+        channel.queue_declare(short(queue)?, passive, FieldTable::default()),
+    )
+    .await?;
+    Ok(declared.message_count())
 }
 
 /// The delay tier for a message that must wait until `until`, seen at `now`.
@@ -166,19 +305,31 @@ pub fn delay_tier(now: DateTime<Utc>, until: DateTime<Utc>) -> i64 {
 #[derive(Clone)]
 pub struct Publisher {
     channel: Channel,
+    blocked: watch::Receiver<Option<String>>,
 }
 
 impl Publisher {
     /// Opens a channel on `connection` and switches it to confirm mode.
     pub async fn open(connection: &Connection) -> Result<Publisher, BrokerError> {
-        let channel = connection.create_channel().await?;
-        channel.confirm_select().await?;
-        Ok(Publisher { channel })
+        let blocked = blocked_state(connection);
+        let channel = within("channel.open", &blocked, connection.create_channel()).await?;
+        within(
+            "confirm.select",
+            &blocked,
+            channel.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await?;
+        Ok(Publisher { channel, blocked })
     }
 
     /// The underlying channel (for declarations).
     pub fn channel(&self) -> &Channel {
         &self.channel
+    }
+
+    /// Whether the broker blocks this publisher's connection, and why.
+    pub fn blocked(&self) -> &watch::Receiver<Option<String>> {
+        &self.blocked
     }
 
     /// Publishes persistently and waits for the broker's confirmation. The message must reach a
@@ -190,20 +341,25 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
-        let properties = properties.with_delivery_mode(2);
-        let publish = self
-            .channel
-            .publish(exchange, routing_key, true, &properties, body);
-        let confirmation = tokio::time::timeout(BROKER_TIMEOUT, publish)
-            .await
-            .map_err(|_| BrokerError::Timeout("publish confirm"))??;
-        match confirmation {
-            Confirmation::Ack | Confirmation::NotRequested => Ok(()),
-            Confirmation::Returned => Err(BrokerError::Unroutable {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let publish = self.channel.basic_publish(
+            short(exchange)?,
+            short(routing_key)?,
+            options,
+            body,
+            properties.with_delivery_mode(2),
+        );
+        let confirm = within("publish", &self.blocked, publish).await?;
+        match within("publish confirm", &self.blocked, confirm).await? {
+            Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+            Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),
             }),
-            Confirmation::Nack => Err(BrokerError::Nacked {
+            Confirmation::Nack(_) => Err(BrokerError::Nacked {
                 exchange: exchange.to_owned(),
             }),
         }

@@ -221,6 +221,7 @@ fn service(what: &str) -> impl Fn(&dyn std::fmt::Display) -> CliError + '_ {
 /// Loads the configuration, builds the runtime the command runs on (the worker's has
 /// `worker.threads` threads) and runs the command to completion.
 pub fn start(cli: Cli) -> Result<(), CliError> {
+    crate::tls::install_crypto_provider();
     let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok())?;
     let threads = match cli.command {
         Command::Worker { .. } => settings.worker.threads,
@@ -425,7 +426,7 @@ async fn publish(settings: &Settings, file: Option<PathBuf>) -> Result<(), CliEr
         }
     }
     drop(confirms);
-    let _ = connection.close(200, "done").await;
+    let _ = connection.close(200, "done".into()).await;
     println!("published {sent} messages to {}", names.requests);
     Ok(())
 }
@@ -467,8 +468,8 @@ async fn open_publisher(
     settings: &Settings,
     names: &Names,
     role: &str,
-) -> Result<(crate::amqp::Connection, Publisher), CliError> {
-    let connection = broker::connect(&settings.amqp.url, role)
+) -> Result<(lapin::Connection, Publisher), CliError> {
+    let connection = broker::connect(&settings.amqp, role)
         .await
         .map_err(|e| service("rabbitmq")(&e))?;
     let publisher = Publisher::open(&connection)
@@ -530,7 +531,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
     })
     .await;
     bar.finish_and_clear();
-    let _ = connection.close(200, "done").await;
+    let _ = connection.close(200, "done".into()).await;
     let report = result.map_err(|e| CliError::Service(e.to_string()))?;
     let secs = report.elapsed.as_secs_f64();
     println!(

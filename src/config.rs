@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::message::{one_line, DEFAULT_MAX_BODY_BYTES};
 use crate::policy::{Policy, PolicyError, RawRule};
+use crate::tls::TlsFiles;
 
 /// Default Redis URL, the local server.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -132,6 +133,8 @@ pub struct RedisSettings {
     pub cluster_urls: Vec<String>,
     /// Longest wait for one Redis reply, in milliseconds.
     pub response_timeout_ms: u64,
+    /// Certificate files for `rediss://` URLs.
+    pub tls: TlsFiles,
 }
 
 /// Broker settings.
@@ -145,6 +148,8 @@ pub struct AmqpSettings {
     /// Queue type of the requests and invalid queues: `quorum` (survives a node loss) or
     /// `classic`.
     pub queue_type: QueueType,
+    /// Certificate files for an `amqps://` URL.
+    pub tls: TlsFiles,
 }
 
 /// RabbitMQ queue type.
@@ -169,6 +174,8 @@ pub struct DatabaseSettings {
     pub acquire_timeout_ms: u64,
     /// Server-side statement timeout, in milliseconds, so a stuck query frees its connection.
     pub statement_timeout_ms: u64,
+    /// Certificate files for the URL's `sslmode` (`require`, `verify-ca`, `verify-full`).
+    pub tls: TlsFiles,
 }
 
 /// Worker behaviour.
@@ -212,6 +219,7 @@ impl Default for RedisSettings {
             url: DEFAULT_REDIS_URL.to_owned(),
             cluster_urls: Vec::new(),
             response_timeout_ms: 5_000,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -222,6 +230,7 @@ impl Default for AmqpSettings {
             url: DEFAULT_AMQP_URL.to_owned(),
             prefetch: 256,
             queue_type: QueueType::Quorum,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -233,6 +242,7 @@ impl Default for DatabaseSettings {
             max_connections: 8,
             acquire_timeout_ms: 5_000,
             statement_timeout_ms: 10_000,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -330,6 +340,13 @@ impl Settings {
         if let Some(url) = env("SENDQUOTA_DATABASE_URL") {
             file.database.url = url;
         }
+        for (service, files) in [
+            ("REDIS", &mut file.redis.tls),
+            ("AMQP", &mut file.amqp.tls),
+            ("DATABASE", &mut file.database.tls),
+        ] {
+            tls_overrides(service, files, &env);
+        }
         if let Some(listen) = env("SENDQUOTA_ADMIN_LISTEN") {
             file.admin.listen = listen;
         }
@@ -371,6 +388,15 @@ impl Settings {
             ));
         }
         check_urls(&file.redis, &file.amqp, &file.database)?;
+        for (section, files) in [
+            ("redis.tls", &file.redis.tls),
+            ("amqp.tls", &file.amqp.tls),
+            ("database.tls", &file.database.tls),
+        ] {
+            files.check().map_err(|e| {
+                ConfigError::Invalid(format!("{section}: {}", one_line(&e.to_string())))
+            })?;
+        }
         let policy = Policy::from_raw(zone, file.rules)?;
         Ok(Settings {
             namespace,
@@ -381,6 +407,21 @@ impl Settings {
             admin: file.admin,
             policy,
         })
+    }
+}
+
+/// `SENDQUOTA_<SERVICE>_TLS_CA_FILE`, `..._TLS_CLIENT_CERT_FILE` and `..._TLS_CLIENT_KEY_FILE`
+/// override the file's settings, as the URLs do (a container mounts its certificates and says
+/// where in the environment).
+fn tls_overrides(service: &str, files: &mut TlsFiles, env: &impl Fn(&str) -> Option<String>) {
+    for (suffix, value) in [
+        ("CA_FILE", &mut files.ca_file),
+        ("CLIENT_CERT_FILE", &mut files.client_cert_file),
+        ("CLIENT_KEY_FILE", &mut files.client_key_file),
+    ] {
+        if let Some(v) = env(&format!("SENDQUOTA_{service}_TLS_{suffix}")) {
+            *value = v;
+        }
     }
 }
 
@@ -427,13 +468,14 @@ fn check_urls(
         let scheme = url.starts_with("redis://") || url.starts_with("rediss://");
         if !scheme || redis::Client::open(url.as_str()).is_err() {
             return Err(ConfigError::Invalid(
-                "redis url is not valid: expected redis://[:password@]host:port[/db]".to_owned(),
+                "redis url is not valid: expected redis[s]://[:password@]host:port[/db]".to_owned(),
             ));
         }
     }
-    if !amqp.url.starts_with("amqp://") || amqp.url.parse::<crate::amqp::AMQPUri>().is_err() {
+    let amqp_scheme = amqp.url.starts_with("amqp://") || amqp.url.starts_with("amqps://");
+    if !amqp_scheme || amqp.url.parse::<lapin::uri::AMQPUri>().is_err() {
         return Err(ConfigError::Invalid(
-            "amqp url is not valid: expected amqp://user:password@host:port/vhost".to_owned(),
+            "amqp url is not valid: expected amqp[s]://user:password@host:port/vhost".to_owned(),
         ));
     }
     let postgres =

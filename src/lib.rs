@@ -13,14 +13,13 @@
 //! ```
 //!
 //! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store`
-//! (the Redis connection, single or cluster), `resp` (the worker's own link to a single Redis
-//! server), `amqp` (its own AMQP client), `broker` (RabbitMQ topology and confirmed
-//! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice),
+//! (the Redis connection, single or cluster, through redis-rs), `tls` (certificate files and
+//! the process's one rustls crypto provider), `broker` (RabbitMQ through lapin: connections,
+//! topology and confirmed publishing), `sent` (dispatch marks that stop a redelivery from being sent twice),
 //! `denials` (the Postgres history operators query), `cli` (the `sendquota` command).
 
 pub mod acks;
 pub mod admin;
-pub mod amqp;
 pub mod broker;
 pub mod cli;
 pub mod clock;
@@ -32,8 +31,8 @@ pub mod message;
 pub mod pipeline;
 pub mod policy;
 pub mod replay;
-pub mod resp;
 pub mod sent;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod worker;

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::amqp::BasicProperties;
+use lapin::BasicProperties;
+
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::decision::{self, Outcome};

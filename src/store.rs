@@ -1,18 +1,40 @@
 //! The Redis connection: one server or a cluster, behind one type.
 //!
-//! Both are multiplexed, so concurrent script calls from many tasks are pipelined on one
-//! socket. Scripts are always called by EVALSHA that loads the script and repeats the call on
+//! Both are redis-rs multiplexed connections (a `ConnectionManager` on one server, which
+//! reconnects by itself; cluster-async on a cluster), so concurrent script calls from many
+//! tasks are pipelined on one socket. A command in flight when a link drops fails; the caller
+//! retries the message, as after any Redis failure. `rediss://` URLs speak TLS with the
+//! certificate files of [`RedisSettings::tls`]. Scripts are always called by EVALSHA that loads the script and repeats the call on
 //! NOSCRIPT (see `limiter::script::call`), so a Redis restart or failover that forgets
 //! scripts costs one reload.
 
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use crate::config::RedisSettings;
+use crate::tls::TlsFiles;
+
+/// Longest wait between two reconnection attempts of a single-server connection: a restarted
+/// Redis is found again within this.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// A client for one server's `url`: TLS with `tls`'s certificates for `rediss://`. Also used
+/// for the deny cache's pub/sub connection, which must reach the same server the same way.
+pub fn client(url: &str, tls: &TlsFiles) -> RedisResult<Client> {
+    if url.starts_with("rediss://") {
+        Client::build_with_tls(url, tls.redis().map_err(tls_error)?)
+    } else {
+        Client::open(url)
+    }
+}
+
+fn tls_error(e: crate::tls::TlsError) -> RedisError {
+    RedisError::from((ErrorKind::InvalidClientConfig, "tls", e.to_string()))
+}
 
 /// The oldest Redis the decision scripts run on: they raise expiries with `PEXPIRE ... GT`,
 /// which Redis 7.0 introduced. An older server would fail every decision, so the worker
@@ -84,8 +106,8 @@ fn supported(version: &str) -> Result<(), VersionError> {
 /// A Redis connection usable by scripts and commands alike; cheap to clone.
 #[derive(Clone)]
 pub enum RedisConn {
-    /// A single server, reconnecting by itself (see [`crate::resp`]).
-    Single(crate::resp::Connection),
+    /// A single server, reconnecting by itself.
+    Single(ConnectionManager),
     /// A Redis Cluster; keys of one scope share a hash tag and so a slot.
     Cluster(ClusterConnection),
 }
@@ -95,15 +117,28 @@ impl RedisConn {
     pub async fn connect(settings: &RedisSettings) -> redis::RedisResult<RedisConn> {
         let timeout = Duration::from_millis(settings.response_timeout_ms);
         if settings.cluster_urls.is_empty() {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_max_delay(RECONNECT_MAX_DELAY);
+            let client = client(&settings.url, &settings.tls)?;
             Ok(RedisConn::Single(
-                crate::resp::Connection::connect(&settings.url, timeout).await?,
+                ConnectionManager::new_with_config(client, config).await?,
             ))
         } else {
-            let client = ClusterClient::builder(settings.cluster_urls.iter().map(String::as_str))
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .retries(3)
-                .build()?;
+            let mut builder =
+                ClusterClient::builder(settings.cluster_urls.iter().map(String::as_str))
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(3);
+            if settings
+                .cluster_urls
+                .iter()
+                .any(|u| u.starts_with("rediss://"))
+            {
+                builder = builder.certs(settings.tls.redis().map_err(tls_error)?);
+            }
+            let client = builder.build()?;
             Ok(RedisConn::Cluster(client.get_async_connection().await?))
         }
     }

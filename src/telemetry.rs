@@ -36,6 +36,9 @@ pub const DENY_CACHE_HITS: &str = "sendquota_deny_cache_hits_total";
 pub const ACK_FRAMES: &str = "sendquota_ack_frames_total";
 /// Gauge: the worker's clock minus Redis `TIME`, in milliseconds.
 pub const CLOCK_SKEW_MS: &str = "sendquota_clock_skew_ms";
+/// Gauge: worker threads of the runtime the worker runs on (`worker.threads`; its blocking
+/// pool, where client crates resolve host names, is not counted).
+pub const RUNTIME_WORKER_THREADS: &str = "sendquota_runtime_worker_threads";
 
 /// Histogram buckets for latencies, in seconds (0.25 ms to 5 s).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -118,10 +121,15 @@ impl MessageMetrics {
     }
 }
 
-/// Logs to stderr, filtered by `SENDQUOTA_LOG` (default `info`).
+/// The log filter when `SENDQUOTA_LOG` is unset. lapin logs every connection error at ERROR
+/// from its I/O thread and also returns it to the caller, which the worker reports once (a
+/// start-up failure's one line, or "broker session lost"): its own lines would only repeat it.
+pub const DEFAULT_LOG_FILTER: &str = "info,lapin=off";
+
+/// Logs to stderr, filtered by `SENDQUOTA_LOG` (default [`DEFAULT_LOG_FILTER`]).
 pub fn init_logging() {
-    let filter =
-        EnvFilter::try_from_env("SENDQUOTA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("SENDQUOTA_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

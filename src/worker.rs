@@ -15,14 +15,18 @@ use tracing::{debug, error, info, warn};
 
 use crate::acks::Settler;
 use crate::admin::{self, AdminState, Health};
-use crate::amqp::{AmqpError, Delivery, FieldTable};
+use lapin::message::Delivery;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::limiter::deny_cache::DenyCache;
 use crate::limiter::Limiter;
-use crate::pipeline::{HandleError, Handled, Pipeline};
+use crate::pipeline::{Handled, Pipeline};
 use crate::sent::SentMarks;
 use crate::store::RedisConn;
 use crate::telemetry;
@@ -74,6 +78,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
     telemetry::prometheus();
+    metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
+        .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
     let redis = RedisConn::connect(&settings.redis).await?;
     match crate::store::check_version(&redis).await? {
         Some(version) => info!(%version, "redis version checked"),
@@ -88,7 +94,7 @@ pub async fn run(
     if settings.worker.deny_cache && settings.redis.cluster_urls.is_empty() {
         let cache = Arc::new(DenyCache::new());
         tokio::spawn(listen_for_invalidations(
-            settings.redis.url.clone(),
+            settings.redis.clone(),
             limiter.invalidation_channel(),
             cache.clone(),
             stop.clone(),
@@ -181,7 +187,14 @@ pub async fn run(
     }
 }
 
-/// One broker connection's life: declare, consume, process; ends on shutdown (Ok) or loss.
+/// How often the session checks that its channels are still open: lapin reports a channel
+/// the broker closed (a publish to a deleted exchange, say) only to the next call on it.
+const CHANNEL_CHECK: Duration = Duration::from_secs(1);
+
+/// One broker session's life: connect, declare, consume, process; ends on shutdown (Ok) or
+/// loss. Deliveries arrive on one connection and outcomes are published on another, as
+/// RabbitMQ advises: a resource alarm blocks publishing connections, and acks must not wait
+/// behind it. While the publishing connection is blocked no new delivery is taken.
 async fn session(
     settings: &Settings,
     pipeline: &Arc<Pipeline>,
@@ -189,40 +202,99 @@ async fn session(
     stall: bool,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), BrokerError> {
-    let connection = broker::connect(&settings.amqp.url, "sendquota-worker").await?;
-    let publisher = Publisher::open(&connection).await?;
-    broker::declare(
-        publisher.channel(),
-        &pipeline.names,
-        settings.amqp.queue_type,
+    let consuming = broker::connect(&settings.amqp, "sendquota-worker-consume").await?;
+    let publishing = match broker::connect(&settings.amqp, "sendquota-worker-publish").await {
+        Ok(c) => c,
+        Err(e) => {
+            close(&consuming).await;
+            return Err(e);
+        }
+    };
+    let result = consume(
+        settings,
+        pipeline,
+        health,
+        stall,
+        &mut stop,
+        &consuming,
+        &publishing,
+    )
+    .await;
+    health.set_blocked(None);
+    close(&consuming).await;
+    close(&publishing).await;
+    result
+}
+
+async fn close(connection: &Connection) {
+    let _ = tokio::time::timeout(
+        broker::BROKER_TIMEOUT,
+        connection.close(200, "worker stopping".into()),
+    )
+    .await;
+}
+
+async fn consume(
+    settings: &Settings,
+    pipeline: &Arc<Pipeline>,
+    health: &Health,
+    stall: bool,
+    stop: &mut watch::Receiver<bool>,
+    consuming: &Connection,
+    publishing: &Connection,
+) -> Result<(), BrokerError> {
+    let publisher = Publisher::open(publishing).await?;
+    let channel = broker::timed("channel.open", consuming.create_channel()).await?;
+    broker::declare(&channel, &pipeline.names, settings.amqp.queue_type).await?;
+    broker::timed(
+        "basic.qos",
+        channel.basic_qos(settings.amqp.prefetch, BasicQosOptions::default()),
     )
     .await?;
-    let channel = connection.create_channel().await?;
-    channel.basic_qos(settings.amqp.prefetch).await?;
-    let mut consumer = channel.basic_consume(&pipeline.names.requests).await?;
+    let mut consumer = broker::timed(
+        "basic.consume",
+        channel.basic_consume(
+            broker::short(&pipeline.names.requests)?,
+            "sendquota-worker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await?;
     info!(queue = %pipeline.names.requests, "consuming");
     health.set_consuming(true);
+    let mut blocked = publisher.blocked().clone();
+    health.set_blocked(blocked.borrow_and_update().clone());
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
     let (settler, settling) = Settler::spawn(channel.clone());
     let mut watchdog =
         tokio::time::interval(Duration::from_millis(settings.worker.watchdog_interval_ms));
     watchdog.tick().await;
+    let mut channel_check = tokio::time::interval(CHANNEL_CHECK);
     let mut delivered = false;
     let result = loop {
+        let paused = blocked.borrow().is_some();
         tokio::select! {
             _ = stop.changed() => break Ok(()),
+            _ = blocked.changed() => health.set_blocked(blocked.borrow_and_update().clone()),
+            _ = channel_check.tick() => {
+                if !channel.status().connected() {
+                    break Err(BrokerError::ChannelClosed("consuming"));
+                }
+                if !publisher.channel().status().connected() {
+                    break Err(BrokerError::ChannelClosed("publishing"));
+                }
+            }
             _ = watchdog.tick() => {
-                // Idle is fine when the queue is empty or every slot is busy; idle with free
-                // slots and ready messages means the consumer stopped without telling us. (A
-                // stalled consumer holding all waiting messages within its prefetch shows no
-                // ready ones; its backlog is noticed as soon as more arrive.)
-                if !delivered && slots.available_permits() > 0 {
-                    let declare =
-                        channel.queue_declare(&pipeline.names.requests, true, FieldTable::default());
-                    let ready = match tokio::time::timeout(broker::BROKER_TIMEOUT, declare).await {
-                        Ok(Ok(ready)) => ready,
-                        Ok(Err(e)) => break Err(e.into()),
-                        Err(_) => break Err(BrokerError::Timeout("watchdog check")),
+                // Idle is fine when the queue is empty, every slot is busy or the broker
+                // blocks publishing; idle with free slots and ready messages means the
+                // consumer stopped without telling us. (A stalled consumer holding all waiting
+                // messages within its prefetch shows no ready ones; its backlog is noticed as
+                // soon as more arrive.)
+                if !delivered && !paused && slots.available_permits() > 0 {
+                    let ready = match broker::ready_count(&channel, &pipeline.names.requests).await {
+                        Ok(ready) => ready,
+                        Err(e) => break Err(e),
                     };
                     if ready > 0 {
                         break Err(BrokerError::Stalled { ready });
@@ -230,7 +302,7 @@ async fn session(
                 }
                 delivered = false;
             }
-            next = consumer.next(), if !stall => match next {
+            next = consumer.next(), if !stall && !paused => match next {
                 Some(Ok(delivery)) => {
                     delivered = true;
                     if delivery.redelivered {
@@ -240,6 +312,7 @@ async fn session(
                     let task = Task {
                         pipeline: pipeline.clone(),
                         publisher: publisher.clone(),
+                        consuming: channel.clone(),
                         settler: settler.clone(),
                         backoff: Backoff::new(&settings.worker),
                         stop: stop.clone(),
@@ -250,7 +323,7 @@ async fn session(
                     });
                 }
                 Some(Err(e)) => break Err(e.into()),
-                None => break Err(BrokerError::Amqp(AmqpError::Closed("consumer ended"))),
+                None => break Err(BrokerError::ConsumerEnded),
             },
         }
     };
@@ -270,11 +343,6 @@ async fn session(
     {
         warn!("acks still owed could not be sent in time; the broker redelivers");
     }
-    let _ = tokio::time::timeout(
-        broker::BROKER_TIMEOUT,
-        connection.close(200, "worker stopping"),
-    )
-    .await;
     result
 }
 
@@ -282,12 +350,20 @@ async fn session(
 struct Task {
     pipeline: Arc<Pipeline>,
     publisher: Publisher,
+    /// The channel the delivery came on: it can only be acked there.
+    consuming: Channel,
     settler: Settler,
     backoff: Backoff,
     stop: watch::Receiver<bool>,
 }
 
 impl Task {
+    /// Whether retrying is pointless: a lost channel can neither publish nor ack, and the
+    /// broker redelivers the message on the next session.
+    fn channels_lost(&self) -> bool {
+        !self.consuming.status().connected() || !self.publisher.channel().status().connected()
+    }
+
     /// Handles the delivery until its outcome is durable, then hands it to the settler to be
     /// acked. Retries on service failures; gives up (the message goes back to the queue) when
     /// the channel is gone or the worker is stopping.
@@ -310,9 +386,7 @@ impl Task {
                 Err(e) => {
                     let wait = self.backoff.next();
                     warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "message not decided");
-                    if retry_is_pointless(&e, &self.publisher)
-                        || sleep_or_stop(wait, &self.stop).await
-                    {
+                    if self.channels_lost() || sleep_or_stop(wait, &self.stop).await {
                         self.settler.requeue(delivery.delivery_tag);
                         return;
                     }
@@ -320,10 +394,6 @@ impl Task {
             }
         }
     }
-}
-
-fn retry_is_pointless(_error: &HandleError, publisher: &Publisher) -> bool {
-    !publisher.channel().is_open()
 }
 
 fn log_handled(delivery: &Delivery, handled: &Handled) {
@@ -381,7 +451,7 @@ impl Backoff {
 /// Keeps the deny cache subscribed to quota-freeing events; the cache is on only while the
 /// subscription is up, so no invalidation can be missed.
 async fn listen_for_invalidations(
-    url: String,
+    redis: crate::config::RedisSettings,
     channel: String,
     cache: Arc<DenyCache>,
     stop: watch::Receiver<bool>,
@@ -389,7 +459,7 @@ async fn listen_for_invalidations(
     let mut backoff_ms = 100;
     loop {
         let subscribed = async {
-            let client = redis::Client::open(url.as_str())?;
+            let client = crate::store::client(&redis.url, &redis.tls)?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             redis::RedisResult::Ok(pubsub)

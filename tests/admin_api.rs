@@ -38,7 +38,8 @@ async fn health_readiness_and_metrics_need_no_token_and_report_the_worker() {
     assert_eq!(ready.status, 200);
     assert_eq!(
         ready.json(),
-        serde_json::json!({"ready": true, "redis": true, "postgres": true, "consuming": true})
+        serde_json::json!({"ready": true, "redis": true, "postgres": true, "consuming": true,
+            "blocked": null})
     );
     let mut seen = HashMap::new();
     env.publish(&request("m1", "alice", "UTC")).await;

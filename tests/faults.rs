@@ -165,7 +165,11 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
 
     // Topology, a durable sink for dispatched messages, and all 10,000 requests.
     let names = Names::new(NAMESPACE);
-    let conn = broker::connect(&world.rabbit.url(), "faults-producer")
+    let amqp = sendquota::config::AmqpSettings {
+        url: world.rabbit.url(),
+        ..Default::default()
+    };
+    let conn = broker::connect(&amqp, "faults-producer")
         .await
         .expect("amqp");
     let publisher = Publisher::open(&conn).await.expect("publisher");
@@ -173,12 +177,7 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
         .await
         .expect("declare");
     let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare(SINK, false, FieldTable::default())
-        .await
-        .expect("sink");
-    ch.queue_bind(SINK, &names.dispatch, "#")
-        .await
-        .expect("bind sink");
+    support::declare_sink(&ch, SINK, &names.dispatch).await;
     let bodies: Vec<String> = (0..MESSAGES).map(body).collect();
     futures_util::stream::iter(bodies.iter())
         .map(|b| {
@@ -192,7 +191,7 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
         .buffer_unordered(256)
         .for_each(|r| async move { r.expect("publish") })
         .await;
-    let _ = conn.close(200, "published").await;
+    let _ = conn.close(200, "published".into()).await;
     eprintln!(
         "published {MESSAGES} in {:.1} s",
         started.elapsed().as_secs_f64()

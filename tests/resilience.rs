@@ -1,5 +1,6 @@
 //! The worker supervises itself: a consumer that silently stops is restarted by the watchdog,
-//! and SIGTERM drains in-flight messages and exits cleanly without losing any. The binary runs
+//! a broker resource alarm pauses it without losing or repeating anything, and SIGTERM drains
+//! in-flight messages and exits cleanly without losing any. The binary runs
 //! on the number of runtime threads its configuration asks for.
 
 mod support;
@@ -8,8 +9,13 @@ use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lapin::options::BasicGetOptions;
+use sendquota::broker::{self, Publisher};
 use sendquota::clock::ManualClock;
+use sendquota::config::QueueType;
 use sendquota::worker::Failpoint;
+use support::http::http;
+use support::private::{free_port, PrivateRabbit};
 use support::{local, request, TestEnv};
 
 #[tokio::test]
@@ -68,7 +74,7 @@ async fn sigterm_finishes_in_flight_messages_exits_0_and_loses_nothing() {
     .expect("config");
     let n = 400;
     env.publish_two_per_recipient(n).await;
-    let worker = spawn_worker(&env, &config);
+    let worker = spawn_worker(&env, &config, free_port());
     // Stop it while it is busy.
     let deadline = Instant::now() + Duration::from_secs(20);
     while queued(&env).await as usize > n * 3 / 4 {
@@ -102,24 +108,30 @@ async fn the_worker_runs_on_as_many_runtime_threads_as_configured() {
         .expect("config");
         let id = format!("m-threads{threads}");
         env.publish(&request(&id, &id, "UTC")).await;
-        let worker = spawn_worker(&env, &config);
+        let port = free_port();
+        let worker = spawn_worker(&env, &config, port);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !env.take_dispatched().await.contains(&id) {
             assert!(Instant::now() < deadline, "{id} dispatched");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let runtime_threads = std::fs::read_dir(format!("/proc/{}/task", worker.id()))
-            .expect("the worker's threads")
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-            .filter(|name| name.trim() == "tokio-rt-worker")
-            .count();
+        // The runtime's own count: client crates resolve host names on its blocking pool,
+        // whose threads carry the same name as its workers.
+        let metrics = http(port, "GET", "/metrics", None, "").await.body;
+        let runtime_threads = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("sendquota_runtime_worker_threads "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("the runtime's worker threads in /metrics:\n{metrics}"))
+            as usize;
         stop_cleanly(worker, &config);
         assert_eq!(runtime_threads, threads, "config {worker_toml:?}");
     }
 }
 
-/// Starts the worker binary on `config`, against `env`'s services and namespace.
-fn spawn_worker(env: &TestEnv, config: &std::path::Path) -> std::process::Child {
+/// Starts the worker binary on `config`, against `env`'s services and namespace, its admin API
+/// on `admin_port`.
+fn spawn_worker(env: &TestEnv, config: &std::path::Path, admin_port: u16) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_sendquota"))
         .args([
             "--config",
@@ -132,7 +144,7 @@ fn spawn_worker(env: &TestEnv, config: &std::path::Path) -> std::process::Child 
         .env("SENDQUOTA_REDIS_URL", support::redis_url())
         .env("SENDQUOTA_AMQP_URL", support::amqp_url())
         .env("SENDQUOTA_DATABASE_URL", &env.database_url)
-        .env("SENDQUOTA_ADMIN_LISTEN", "")
+        .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
         .env("SENDQUOTA_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -156,4 +168,128 @@ fn stop_cleanly(worker: std::process::Child, config: &std::path::Path) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// RabbitMQ blocks the connections that publish while a resource alarm is on. The worker
+/// publishes on a connection of its own: while it is blocked the worker takes no new delivery
+/// and is not ready, its confirms wait without timing out (a publish that the broker takes
+/// after the alarm must not be sent a second time), and when the alarm clears every message is
+/// dispatched once. The alarm is node-wide, so the test has a node of its own.
+#[tokio::test]
+async fn a_memory_alarm_pauses_the_worker_until_it_clears_and_nothing_is_sent_twice() {
+    const MESSAGES: usize = 40;
+    let rabbit = tokio::task::spawn_blocking(PrivateRabbit::start)
+        .await
+        .expect("start a private rabbitmq");
+    let mut env = TestEnv::new().await;
+    env.settings.amqp.url = rabbit.url();
+    env.settings.amqp.queue_type = QueueType::Quorum;
+    let port = free_port();
+    env.settings.admin.listen = format!("127.0.0.1:{port}");
+
+    // Topology, a sink for dispatched messages and the requests, all before the alarm.
+    let conn = broker::connect(&env.settings.amqp, "alarm-producer")
+        .await
+        .expect("private rabbitmq");
+    let publisher = Publisher::open(&conn).await.expect("publisher");
+    broker::declare(publisher.channel(), &env.names, QueueType::Quorum)
+        .await
+        .expect("declare");
+    let sink = lapin_connect_to(&rabbit.url()).await;
+    let channel = sink.create_channel().await.expect("channel");
+    support::declare_sink(&channel, "sink", &env.names.dispatch).await;
+    for i in 0..MESSAGES {
+        let body =
+            serde_json::to_vec(&request(&format!("a{i}"), &format!("u{i}"), "UTC")).expect("json");
+        publisher
+            .publish(
+                &env.names.requests,
+                "",
+                &body,
+                broker::json_properties(None, &[]),
+            )
+            .await
+            .expect("publish");
+    }
+    let _ = conn.close(200, "published".into()).await;
+
+    rabbit.ctl(&["set_vm_memory_high_watermark", "0"]);
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    support::http::wait_until_listening(port).await;
+    // The worker's first dispatch makes the broker block its publishing connection.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let blocked = loop {
+        let ready = http(port, "GET", "/readyz", None, "").await;
+        if ready.status == 503 && !ready.json()["blocked"].is_null() {
+            break ready.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker reports the block: {}",
+            ready.body
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(blocked["consuming"], true, "{blocked}");
+    assert!(
+        blocked["blocked"]
+            .as_str()
+            .is_some_and(|r| r.contains("memory")),
+        "the broker's reason: {blocked}"
+    );
+    // Longer than the broker timeout: no confirm wait may give up while the block lasts.
+    tokio::time::sleep(broker::BROKER_TIMEOUT + Duration::from_secs(2)).await;
+    assert!(
+        drain_ids(&channel).await.is_empty(),
+        "nothing is dispatched while publishing is blocked"
+    );
+    assert_eq!(
+        http(port, "GET", "/readyz", None, "").await.status,
+        503,
+        "still not ready while blocked"
+    );
+
+    rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]);
+    let mut dispatched = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dispatched.len() < MESSAGES {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {MESSAGES} dispatched after the alarm cleared",
+            dispatched.len()
+        );
+        dispatched.extend(drain_ids(&channel).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    support::http::wait_until_ready(port).await;
+    // A confirm that had timed out would show up as a second copy a little later.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    dispatched.extend(drain_ids(&channel).await);
+    dispatched.sort();
+    let mut unique = dispatched.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), MESSAGES, "every message dispatched");
+    assert_eq!(dispatched, unique, "no message dispatched twice");
+    env.stop_worker().await;
+}
+
+async fn lapin_connect_to(url: &str) -> lapin::Connection {
+    lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .expect("private rabbitmq")
+}
+
+/// The ids of the messages waiting in the sink, taken off it.
+async fn drain_ids(channel: &lapin::Channel) -> Vec<String> {
+    let mut ids = Vec::new();
+    while let Some(m) = channel
+        .basic_get("sink".into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("basic.get")
+    {
+        let request: serde_json::Value = serde_json::from_slice(&m.delivery.data).expect("json");
+        ids.push(request["id"].as_str().expect("id").to_owned());
+    }
+    ids
 }

@@ -4,9 +4,8 @@
 mod support;
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,6 +18,7 @@ use sendquota::limiter::keys::{encode, rule_key, scope_tag};
 use sendquota::policy::ScopeValue;
 use support::http::http;
 use support::private::free_port;
+use support::process::{run_for, Run};
 use support::{local, TestEnv};
 
 // ---------------------------------------------------------------------------------------------
@@ -34,16 +34,6 @@ const SECRETS: [&str; 4] = [REDIS_SECRET, AMQP_SECRET, PG_SECRET, ADMIN_SECRET];
 const CLOSED_REDIS: &str = "redis://:S3cretRedisPw@127.0.0.1:1";
 const CLOSED_AMQP: &str = "amqp://guest:S3cretAmqpPw@127.0.0.1:1/%2f";
 const CLOSED_PG: &str = "postgres://postgres:S3cretPgPw@127.0.0.1:1/x";
-
-/// What one run of the binary left behind.
-#[derive(Debug)]
-struct Run {
-    /// The exit code; `None` when the test had to kill the process.
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
 
 impl Run {
     /// Fails when any secret appears on stdout or stderr.
@@ -62,10 +52,7 @@ impl Run {
 /// The binary with no SENDQUOTA_* setting inherited from the test process, debug logging, and
 /// every connection URL and the admin token carrying a secret.
 fn with_secrets() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SENDQUOTA_")) {
-        cmd.env_remove(k);
-    }
+    let mut cmd = support::process::sendquota();
     cmd.env("SENDQUOTA_LOG", "debug")
         .env("SENDQUOTA_NAMESPACE", support::unique("sqsec"))
         .env("SENDQUOTA_REDIS_URL", CLOSED_REDIS)
@@ -74,51 +61,6 @@ fn with_secrets() -> Command {
         .env("SENDQUOTA_ADMIN_TOKEN", ADMIN_SECRET)
         .env("SENDQUOTA_ADMIN_LISTEN", "127.0.0.1:0");
     cmd
-}
-
-/// Runs `cmd` to its end, or kills it (the process this test started, by its handle) after
-/// `limit`. Output is read on threads so a chatty process cannot block on a full pipe.
-fn run_for(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Run {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let started = Instant::now();
-    let mut child = cmd.spawn().expect("start the sendquota binary");
-    let mut pipe = child.stdin.take().expect("stdin pipe");
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes()).expect("write stdin");
-    }
-    drop(pipe);
-    let mut stdout = child.stdout.take().expect("stdout pipe");
-    let mut stderr = child.stderr.take().expect("stderr pipe");
-    let out = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stdout.read_to_end(&mut buf);
-        buf
-    });
-    let err = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stderr.read_to_end(&mut buf);
-        buf
-    });
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("wait for the binary") {
-            break status.code();
-        }
-        if started.elapsed() > limit {
-            child.kill().expect("kill the binary");
-            child.wait().expect("reap the binary");
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let elapsed = started.elapsed();
-    Run {
-        code,
-        stdout: String::from_utf8_lossy(&out.join().expect("stdout reader")).into_owned(),
-        stderr: String::from_utf8_lossy(&err.join().expect("stderr reader")).into_owned(),
-        elapsed,
-    }
 }
 
 /// Inserts `password` into a URL whose user-info names a user without one.

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against local RabbitMQ and PostgreSQL, starting them first when they
-# do not answer, and against a private Redis plus a private 3-master Redis Cluster on free ports
-# (SENDQUOTA_TEST_REDIS_CLUSTER_URLS). Extra arguments go to `cargo test`.
+# do not answer, against a private Redis plus a private 3-master Redis Cluster on free ports
+# (SENDQUOTA_TEST_REDIS_CLUSTER_URLS), and against TLS-only servers of all three kinds started
+# once for the run (deploy/local/tls-servers.sh, SENDQUOTA_TEST_TLS_*). Extra arguments go to
+# `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deploy/local/services.sh
 redis_dir=$(mktemp -d /tmp/sendquota-redis.XXXXXX)
-trap 'deploy/local/redis-private.sh stop "$redis_dir"' EXIT
+tls_dir=$(mktemp -d /tmp/sendquota-tls.XXXXXX)
+trap 'deploy/local/redis-private.sh stop "$redis_dir"; deploy/local/tls-servers.sh stop "$tls_dir"' EXIT
+# The TLS servers take about 10 s to start (RabbitMQ's boot): they start while the tests build.
+deploy/local/tls-servers.sh start "$tls_dir" > "$tls_dir.env" &
+tls_started=$!
 # The suite's own Redis, empty at the start: tests scan their namespaces, and a shared server
 # holding a million keys some interrupted program left (a bench, say) made each scan take
 # seconds and CI run out of time. SENDQUOTA_TEST_SHARED_REDIS=1 uses SENDQUOTA_REDIS_URL instead.
@@ -21,6 +27,10 @@ echo "test.sh: redis at ${SENDQUOTA_REDIS_URL:-redis://127.0.0.1:6379}, cluster 
 echo "test.sh: $(uptime)" >&2
 ps -eo pcpu,rss,etime,comm --sort=-pcpu 2>/dev/null | head -n 6 >&2 || true
 cargo test --locked --no-run "$@"
+wait "$tls_started" || { echo "test.sh: the TLS servers did not start (above)" >&2; exit 1; }
+# shellcheck disable=SC1090
+source "$tls_dir.env"
+rm -f "$tls_dir.env"
 # A hang must fail CI with a message, not use up its whole budget: the suite takes a few minutes.
 status=0
 timeout --kill-after=30 "${SENDQUOTA_TEST_TIMEOUT_S:-1800}" cargo test --locked "$@" || status=$?

@@ -192,11 +192,11 @@ impl DenialStore {
     /// dead connection nor a stuck query can hold the worker.
     pub async fn connect(settings: &DatabaseSettings) -> Result<DenialStore, DenialError> {
         let options = PgConnectOptions::from_str(&settings.url)
-            .map_err(|e| DenialError::Url(e.to_string()))?
-            .options([(
-                "statement_timeout",
-                settings.statement_timeout_ms.to_string(),
-            )]);
+            .map_err(|e| DenialError::Url(e.to_string()))?;
+        let options = settings.tls.postgres(options).options([(
+            "statement_timeout",
+            settings.statement_timeout_ms.to_string(),
+        )]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))

@@ -71,6 +71,16 @@ fn dechunk(mut body: &str) -> String {
 
 /// Waits until the worker's admin API on `port` answers `/readyz` with 200 (at most 10 s).
 pub async fn wait_until_ready(port: u16) {
+    wait_until_listening(port).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http(port, "GET", "/readyz", None, "").await.status != 200 {
+        assert!(Instant::now() < deadline, "the admin API became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (up to 10 s) until the admin API accepts connections, whatever it answers.
+pub async fn wait_until_listening(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok(Ok(_)) = tokio::time::timeout(
@@ -79,11 +89,9 @@ pub async fn wait_until_ready(port: u16) {
         )
         .await
         {
-            if http(port, "GET", "/readyz", None, "").await.status == 200 {
-                return;
-            }
+            return;
         }
-        assert!(Instant::now() < deadline, "the admin API became ready");
+        assert!(Instant::now() < deadline, "the admin API listens");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

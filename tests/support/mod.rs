@@ -6,6 +6,7 @@
 
 pub mod http;
 pub mod private;
+pub mod process;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -94,8 +95,8 @@ pub struct TestEnv {
     /// The tests' own connection, through lapin: an AMQP client independent of the worker's.
     pub amqp: Connection,
     pub channel: Channel,
-    /// A connection through the worker's client, for its [`Publisher`].
-    pub broker: sendquota::amqp::Connection,
+    /// A publishing connection opened as the worker opens its own, for its [`Publisher`].
+    pub broker: Connection,
     pub publisher: Publisher,
     /// A queue bound to the dispatch exchange with `#`: every dispatched message lands here.
     pub dispatched_queue: String,
@@ -206,7 +207,7 @@ impl TestEnv {
             .await
             .unwrap_or_else(|e| unreachable(&e));
         let channel = amqp.create_channel().await.expect("amqp channel");
-        let broker = broker::connect(&amqp_url(), "sendquota-test")
+        let broker = broker::connect(&settings.amqp, "sendquota-test")
             .await
             .unwrap_or_else(|e| unreachable(&e));
         let publisher = Publisher::open(&broker).await.expect("amqp publisher");
@@ -215,24 +216,7 @@ impl TestEnv {
             .await
             .expect("declare topology");
         let dispatched_queue = format!("{namespace}.test.dispatched");
-        channel
-            .queue_declare(
-                dispatched_queue.as_str().into(),
-                QueueDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare dispatched queue");
-        channel
-            .queue_bind(
-                dispatched_queue.as_str().into(),
-                names.dispatch.as_str().into(),
-                "#".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("bind dispatched queue");
+        declare_sink(&channel, &dispatched_queue, &names.dispatch).await;
         TestEnv {
             namespace,
             database,
@@ -514,6 +498,29 @@ async fn cleanup(
         .await;
         admin.close().await;
     }
+}
+
+/// Declares `queue` (durable) and binds it to `exchange` with `#`: every message published there
+/// lands in it, for a test to read.
+pub async fn declare_sink(channel: &Channel, queue: &str, exchange: &str) {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), durable, FieldTable::default())
+        .await
+        .expect("declare the sink queue");
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind the sink queue");
 }
 
 /// A lapin connection to the test broker, named `name`.

@@ -251,6 +251,16 @@ impl PrivateRabbit {
             .output();
     }
 
+    /// Runs `rabbitmqctl` on this node with `args`, failing the test when it fails.
+    pub fn ctl(&self, args: &[&str]) {
+        run(
+            Command::new("rabbitmqctl")
+                .args(["-n", &self.node])
+                .args(args),
+            "rabbitmqctl",
+        );
+    }
+
     /// Stops the node (durable queues and persistent messages survive) and starts it again.
     pub fn restart(&self) {
         self.stop();
