@@ -18,12 +18,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::Channel;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use lapin::options::{BasicAckOptions, BasicNackOptions};
-use lapin::Channel;
+use crate::broker::{timed, BrokerError};
 
 /// Longest a finished delivery waits for the deliveries before it before it is acked alone.
 pub const ACK_HOLD: Duration = Duration::from_millis(20);
@@ -132,7 +133,7 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
                         }
                         Settle::Requeue(tag) => {
                             let nack = BasicNackOptions { multiple: false, requeue: true };
-                            send("nack", channel.basic_nack(tag, nack).await, &mut failed);
+                            send("nack", timed("basic.nack", channel.basic_nack(tag, nack)).await, &mut failed);
                             ledger.finished.insert(tag, None);
                         }
                     }
@@ -141,7 +142,7 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
                 if let Some(tag) = ledger.advance() {
                     multiple.increment(1);
                     let ack = BasicAckOptions { multiple: true };
-                    send("ack", channel.basic_ack(tag, ack).await, &mut failed);
+                    send("ack", timed("basic.ack", channel.basic_ack(tag, ack)).await, &mut failed);
                 }
                 if finishing {
                     break;
@@ -150,7 +151,8 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
             _ = tick.tick() => {
                 for tag in ledger.overdue(Instant::now(), ACK_HOLD) {
                     single.increment(1);
-                    send("ack", channel.basic_ack(tag, BasicAckOptions::default()).await, &mut failed);
+                    let ack = channel.basic_ack(tag, BasicAckOptions::default());
+                    send("ack", timed("basic.ack", ack).await, &mut failed);
                 }
             }
         }
@@ -160,7 +162,11 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
         single.increment(1);
         send(
             "ack",
-            channel.basic_ack(tag, BasicAckOptions::default()).await,
+            timed(
+                "basic.ack",
+                channel.basic_ack(tag, BasicAckOptions::default()),
+            )
+            .await,
             &mut failed,
         );
     }
@@ -168,7 +174,7 @@ async fn run(channel: Channel, mut rx: mpsc::UnboundedReceiver<Settle>) {
 
 /// Reports a settlement that could not be queued: the channel is gone and the broker
 /// redelivers everything unsettled, so it is logged once per channel.
-fn send(what: &str, queued: Result<(), lapin::Error>, failed: &mut bool) {
+fn send(what: &str, queued: Result<(), BrokerError>, failed: &mut bool) {
     if let Err(e) = queued {
         if !*failed {
             warn!(error = %e, "{what} failed; the broker redelivers what is unsettled");

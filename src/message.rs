@@ -21,6 +21,11 @@ pub const MAX_ID_CHARS: usize = 128;
 pub const MAX_RECIPIENT_CHARS: usize = 256;
 /// Longest channel or category name, in characters.
 pub const MAX_NAME_CHARS: usize = 64;
+/// Longest id and channel in bytes: the id travels as the AMQP `message_id` property and the
+/// channel as the dispatch routing key, both AMQP short strings of at most 255 bytes. A longer
+/// one passes the character limits (64 emoji are 256 bytes), would take quota, and then could
+/// never be published.
+pub const MAX_AMQP_SHORT_BYTES: usize = 255;
 /// Largest `cost` a request may ask for; keeps arithmetic in the scripts far from overflow.
 pub const MAX_COST: u32 = 1_000_000;
 
@@ -54,6 +59,14 @@ pub enum InvalidMessage {
         len: usize,
         /// The limit for that field.
         limit: usize,
+    },
+    /// A string field that travels in an AMQP short string is longer than 255 bytes.
+    #[error("field `{field}` is {bytes} bytes in UTF-8, more than AMQP's limit of {MAX_AMQP_SHORT_BYTES}")]
+    TooManyBytes {
+        /// The offending field.
+        field: &'static str,
+        /// Its length in bytes.
+        bytes: usize,
     },
     /// A string field holds a control character.
     #[error("field `{0}` contains a control character")]
@@ -167,9 +180,12 @@ impl SendRequest {
         }
         let wire: Wire = serde_json::from_slice(body)
             .map_err(|e| InvalidMessage::Malformed(one_line(&e.to_string())))?;
-        let id = required("id", wire.id, MAX_ID_CHARS)?;
+        let id = short_string("id", required("id", wire.id, MAX_ID_CHARS)?)?;
         let recipient = required("recipient", wire.recipient, MAX_RECIPIENT_CHARS)?;
-        let channel = required("channel", wire.channel, MAX_NAME_CHARS)?;
+        let channel = short_string(
+            "channel",
+            required("channel", wire.channel, MAX_NAME_CHARS)?,
+        )?;
         let category = match wire.category {
             Some(c) => checked("category", c, MAX_NAME_CHARS)?,
             None => "default".to_owned(),
@@ -340,6 +356,17 @@ fn required(
     )
 }
 
+/// `value` when it fits in an AMQP short string.
+fn short_string(field: &'static str, value: String) -> Result<String, InvalidMessage> {
+    if value.len() > MAX_AMQP_SHORT_BYTES {
+        return Err(InvalidMessage::TooManyBytes {
+            field,
+            bytes: value.len(),
+        });
+    }
+    Ok(value)
+}
+
 fn checked(field: &'static str, value: String, limit: usize) -> Result<String, InvalidMessage> {
     if value.is_empty() {
         return Err(InvalidMessage::Empty(field));
@@ -357,6 +384,28 @@ fn checked(field: &'static str, value: String, limit: usize) -> Result<String, I
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_or_channel_over_255_bytes_is_refused_though_within_its_characters() {
+        let channel = "\u{1F600}".repeat(64);
+        let body = format!(r#"{{"id":"e1","recipient":"r","channel":"{channel}"}}"#);
+        assert_eq!(
+            SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES),
+            Err(InvalidMessage::TooManyBytes {
+                field: "channel",
+                bytes: 256
+            })
+        );
+        let id = "\u{00E9}".repeat(128);
+        let body = format!(r#"{{"id":"{id}","recipient":"r","channel":"sms"}}"#);
+        assert_eq!(
+            SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES).map_err(|e| e.to_string()),
+            Err("field `id` is 256 bytes in UTF-8, more than AMQP's limit of 255".to_owned())
+        );
+        let fits = "\u{1F600}".repeat(63);
+        let body = format!(r#"{{"id":"e1","recipient":"r","channel":"{fits}"}}"#);
+        assert!(SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES).is_ok());
+    }
 
     fn decode(body: &str) -> Result<SendRequest, InvalidMessage> {
         SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES)

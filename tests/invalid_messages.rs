@@ -100,3 +100,33 @@ async fn a_too_long_id_is_invalid() {
         "field `id` is 129 characters, more than the limit of 128"
     );
 }
+
+/// 64 emoji are within the channel's 64 characters but are 256 bytes, one more than an AMQP
+/// routing key holds: refused before any quota is taken, so the recipient's next message is
+/// still allowed.
+#[tokio::test]
+async fn a_channel_over_255_bytes_is_invalid_and_takes_no_quota() {
+    let body = format!(
+        r#"{{"id":"emoji","recipient":"alice","channel":"{}"}}"#,
+        "\u{1F600}".repeat(64)
+    );
+    let reason = reason_for(body.as_bytes()).await;
+    assert_eq!(
+        reason,
+        "field `channel` is 256 bytes in UTF-8, more than AMQP's limit of 255"
+    );
+}
+
+/// The id travels as the AMQP `message_id` property, also at most 255 bytes.
+#[tokio::test]
+async fn an_id_over_255_bytes_is_invalid_and_takes_no_quota() {
+    let body = format!(
+        r#"{{"id":"{}","recipient":"alice","channel":"sms"}}"#,
+        "\u{00E9}".repeat(128)
+    );
+    let reason = reason_for(body.as_bytes()).await;
+    assert_eq!(
+        reason,
+        "field `id` is 256 bytes in UTF-8, more than AMQP's limit of 255"
+    );
+}

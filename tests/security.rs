@@ -158,6 +158,58 @@ fn secrets_in_connection_urls_and_the_admin_token_never_reach_stdout_or_stderr()
     }
 }
 
+/// TLS settings are file paths: `config check` prints the paths, and neither it nor a refused
+/// file ever prints what the files hold.
+#[test]
+fn certificate_files_are_named_but_their_key_material_is_never_printed() {
+    const KEY_SECRET: &str = "S3cretKeyMaterial";
+    let dir = std::env::temp_dir().join(support::unique("sqtlsfiles"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let cert = write(
+        "client.pem",
+        format!("-----BEGIN CERTIFICATE-----\n{KEY_SECRET}\n-----END CERTIFICATE-----\n"),
+    );
+    let key = write(
+        "client.key",
+        format!("-----BEGIN PRIVATE KEY-----\n{KEY_SECRET}\n-----END PRIVATE KEY-----\n"),
+    );
+    let not_pem = write("bad.key", format!("{KEY_SECRET}\n"));
+    let with_files = |key: &str| {
+        let mut cmd = with_secrets();
+        for service in ["REDIS", "AMQP", "DATABASE"] {
+            cmd.env(format!("SENDQUOTA_{service}_TLS_CA_FILE"), &cert)
+                .env(format!("SENDQUOTA_{service}_TLS_CLIENT_CERT_FILE"), &cert)
+                .env(format!("SENDQUOTA_{service}_TLS_CLIENT_KEY_FILE"), key);
+        }
+        cmd.args(["config", "check"]);
+        let run = run_for(cmd, None, Duration::from_secs(30));
+        run.assert_no_secret("config check with TLS files");
+        assert!(
+            !run.stdout.contains(KEY_SECRET) && !run.stderr.contains(KEY_SECRET),
+            "key material printed: {run:?}"
+        );
+        run
+    };
+    let run = with_files(&key);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    for section in ["[redis.tls]", "[amqp.tls]", "[database.tls]"] {
+        assert!(run.stdout.contains(section), "{section} in {}", run.stdout);
+    }
+    assert!(run.stdout.contains(&format!("client_key_file = \"{key}\"")));
+    let run = with_files(&not_pem);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert_eq!(
+        run.stderr.trim(),
+        format!("sendquota: redis.tls: client_key_file {not_pem} holds no PEM private key")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn malformed_urls_with_passwords_are_refused_without_repeating_them() {
     for (var, url) in [

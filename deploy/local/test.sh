@@ -2,8 +2,9 @@
 # Runs the whole test suite against local RabbitMQ and PostgreSQL, starting them first when they
 # do not answer, against a private Redis plus a private 3-master Redis Cluster on free ports
 # (SENDQUOTA_TEST_REDIS_CLUSTER_URLS), and against TLS-only servers of all three kinds started
-# once for the run (deploy/local/tls-servers.sh, SENDQUOTA_TEST_TLS_*). Extra arguments go to
-# `cargo test`.
+# once for the run (deploy/local/tls-servers.sh, SENDQUOTA_TEST_TLS_*). Runs the tests with
+# cargo-nextest when installed (and prints the slowest), else with cargo test; extra arguments go
+# to that command (`deploy/local/test.sh --test tls`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deploy/local/services.sh
@@ -33,9 +34,22 @@ source "$tls_dir.env"
 rm -f "$tls_dir.env"
 # A hang must fail CI with a message, not use up its whole budget: the suite takes a few minutes.
 status=0
-timeout --kill-after=30 "${SENDQUOTA_TEST_TIMEOUT_S:-1800}" cargo test --locked "$@" || status=$?
+log=$(mktemp /tmp/sendquota-test-log.XXXXXX)
+if cargo nextest --version >/dev/null 2>&1; then
+  # One process per test, each test's duration reported (.config/nextest.toml kills a test
+  # that runs over 5 minutes).
+  timeout --kill-after=30 "${SENDQUOTA_TEST_TIMEOUT_S:-1800}" \
+    cargo nextest run --locked "$@" 2>&1 | tee "$log" || status=${PIPESTATUS[0]}
+  echo "test.sh: the slowest tests (seconds):" >&2
+  sed -nE 's/^ *(PASS|FAIL|SIGKILL|TIMEOUT|SIGSEGV|SIGABRT) \[ *([0-9.]+)s\] (\([ 0-9/]+\) )?(.*)$/\2 \1 \4/p' "$log" \
+    | sort -rn | head -n 12 >&2
+else
+  echo "test.sh: cargo-nextest is not installed; running cargo test (no per-test durations)" >&2
+  timeout --kill-after=30 "${SENDQUOTA_TEST_TIMEOUT_S:-1800}" cargo test --locked "$@" || status=$?
+fi
+rm -f "$log"
 if [ "$status" = 124 ] || [ "$status" = 137 ]; then
   echo "test.sh: the tests did not finish within ${SENDQUOTA_TEST_TIMEOUT_S:-1800} s; the tests" \
-    "reported 'running for over 60 seconds' above are the ones that hung" >&2
+    "reported as SLOW above are the ones that hung" >&2
 fi
 exit "$status"
