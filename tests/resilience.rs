@@ -293,3 +293,128 @@ async fn drain_ids(channel: &lapin::Channel) -> Vec<String> {
     }
     ids
 }
+
+/// The broker closes the worker's publishing channel when a publish names an exchange that is
+/// gone. The worker then rebuilds its whole session (declaring its topology again, so the
+/// exchange is back) and every message is dispatched once a sender's queue is bound again:
+/// deliveries wait unacked meanwhile, and none is lost.
+#[tokio::test]
+async fn deleting_the_dispatch_exchange_under_load_rebuilds_the_session_and_loses_nothing() {
+    const MESSAGES: usize = 300;
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let ids: Vec<String> = (0..MESSAGES).map(|i| format!("x{i}")).collect();
+    // A steady load, about 3 s of it: the deletion falls in the middle.
+    let (publisher, requests) = (env.publisher.clone(), env.names.requests.clone());
+    let producer = tokio::spawn({
+        let ids = ids.clone();
+        async move {
+            for (i, id) in ids.iter().enumerate() {
+                let body = serde_json::to_vec(&request(id, &format!("u{i}"), "UTC")).expect("json");
+                publisher
+                    .publish(&requests, "", &body, broker::json_properties(None, &[]))
+                    .await
+                    .expect("publish a request");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let mut seen = HashMap::new();
+    env.dispatched("x30", &mut seen).await;
+    env.channel
+        .exchange_delete(
+            env.names.dispatch.as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await
+        .expect("delete the dispatch exchange");
+    // The worker declares the exchange again in its next session; the sink's binding went with
+    // the old exchange, so the test binds it again once the exchange is back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        // A passive declare of a missing exchange closes the channel: one channel per try.
+        let probe = env.amqp.create_channel().await.expect("channel");
+        let passive = lapin::options::ExchangeDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let exists = probe
+            .exchange_declare(
+                env.names.dispatch.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                passive,
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .is_ok();
+        if exists {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker declared the dispatch exchange again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    support::declare_sink(&env.channel, &env.dispatched_queue, &env.names.dispatch).await;
+    producer.await.expect("the producer published everything");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < MESSAGES {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {MESSAGES} dispatched after the exchange came back",
+            seen.len()
+        );
+        for id in env.take_dispatched().await {
+            *seen.entry(id).or_default() += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut dispatched: Vec<&String> = seen.keys().collect();
+    dispatched.sort();
+    let mut expected: Vec<&String> = ids.iter().collect();
+    expected.sort();
+    assert_eq!(dispatched, expected, "every message dispatched, none lost");
+    env.stop_worker().await;
+}
+
+/// Deleting the requests queue cancels the worker's consumer. The worker starts a new session,
+/// declares the queue again, and consumes what is published next.
+#[tokio::test]
+async fn a_deleted_requests_queue_is_declared_again_and_consumed_from() {
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    env.publish(&request("before", "alice", "UTC")).await;
+    let mut seen = HashMap::new();
+    env.dispatched("before", &mut seen).await;
+    env.channel
+        .queue_delete(
+            env.names.requests.as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .expect("delete the requests queue");
+    // Unroutable until the worker has declared and bound the queue again.
+    let body = serde_json::to_vec(&request("after", "bob", "UTC")).expect("json");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = env
+        .publisher
+        .publish(
+            &env.names.requests,
+            "",
+            &body,
+            broker::json_properties(None, &[]),
+        )
+        .await
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the requests queue was declared again: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.dispatched("after", &mut seen).await;
+    env.stop_worker().await;
+}
