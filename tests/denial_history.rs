@@ -282,3 +282,47 @@ async fn prune_forgets_the_events_of_the_months_it_drops_and_keeps_the_others() 
     );
     assert_eq!(env.denial_rows().await, 2);
 }
+
+/// Message ids are unique per recipient: `shared-7` to carol and `shared-7` to dave are two
+/// messages, and each denial gets its row (keyed without the recipient, dave's was taken for a
+/// repeat of carol's and acked with no row at all).
+#[tokio::test]
+async fn two_recipients_denied_under_the_same_message_id_get_a_row_each() {
+    let mut env = TestEnv::new().await;
+    let clock = sendquota::clock::ManualClock::new(support::local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = std::collections::HashMap::new();
+    for recipient in ["carol", "dave"] {
+        let first = format!("first-{recipient}");
+        env.publish(&support::request(&first, recipient, "UTC"))
+            .await;
+        assert!(env.outcome(&first, &mut seen).await, "{first} dispatched");
+    }
+    for recipient in ["carol", "dave"] {
+        env.publish(&support::request("shared-7", recipient, "UTC"))
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut recipients = Vec::new();
+    while recipients.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "a denial row per recipient: {recipients:?}"
+        );
+        recipients = env
+            .denials()
+            .await
+            .into_iter()
+            .filter(|d| d.message_id == "shared-7")
+            .map(|d| d.recipient)
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    recipients.sort();
+    assert_eq!(recipients, ["carol", "dave"]);
+    env.stop_worker().await;
+    assert!(
+        env.take_dispatched().await.is_empty(),
+        "neither is dispatched"
+    );
+}

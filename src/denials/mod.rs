@@ -23,12 +23,17 @@ pub use writer::DenialWriter;
 /// SQLSTATE of an insert whose row falls in no partition (check_violation).
 const NO_PARTITION: &str = "23514";
 
-/// One denial event (message, rule, replay), for finding repeats within a batch; borrowed, so
-/// a batch allocates no key per row.
-type EventKey<'a> = (&'a str, &'a str, i64);
+/// One denial event (recipient, message, rule, replay), for finding repeats within a batch;
+/// borrowed, so a batch allocates no key per row. Message ids are unique per recipient.
+type EventKey<'a> = (&'a str, &'a str, &'a str, i64);
 
-fn event_key<'a>(message_id: &'a str, rule: &'a str, replay_of: Option<i64>) -> EventKey<'a> {
-    (message_id, rule, replay_of.unwrap_or(0))
+fn event_key<'a>(
+    recipient: &'a str,
+    message_id: &'a str,
+    rule: &'a str,
+    replay_of: Option<i64>,
+) -> EventKey<'a> {
+    (recipient, message_id, rule, replay_of.unwrap_or(0))
 }
 
 /// Migrations, compiled in so the binary can apply them without the source tree.
@@ -256,7 +261,7 @@ impl DenialStore {
         // One row per event within the batch; later copies report "already recorded".
         let keys: Vec<EventKey<'_>> = rows
             .iter()
-            .map(|r| event_key(&r.message_id, &r.rule, r.replay_of))
+            .map(|r| event_key(&r.recipient, &r.message_id, &r.rule, r.replay_of))
             .collect();
         let mut first = std::collections::HashMap::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
@@ -271,7 +276,7 @@ impl DenialStore {
         // Columns borrow from the rows: nothing is copied before sqlx encodes it.
         let column = |f: fn(&DenialRow) -> &str| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
         // One statement, one implicit transaction: see migrations/*_denial_events.sql.
-        let inserted: Vec<(String, String, Option<i64>)> = sqlx::query_as(
+        let inserted: Vec<(String, String, String, Option<i64>)> = sqlx::query_as(
             "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb[], $11, $12)",
         )
         .bind(column(|r| &r.message_id))
@@ -290,7 +295,7 @@ impl DenialStore {
         .await?;
         let new: std::collections::HashSet<EventKey<'_>> = inserted
             .iter()
-            .map(|(id, rule, replay)| event_key(id, rule, *replay))
+            .map(|(recipient, id, rule, replay)| event_key(recipient, id, rule, *replay))
             .collect();
         Ok(keys
             .iter()
