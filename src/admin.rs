@@ -350,17 +350,35 @@ async fn reset_quota(
     Extension(Actor(actor)): Extension<Actor>,
     Path(recipient): Path<String>,
 ) -> Response {
-    let (rules, removed) = match state.limiter.reset(&state.policy, &recipient).await {
-        Ok(r) => r,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
+    // The audit row comes first: a reset that cannot be audited does not happen.
+    let rules = Limiter::reset_rules(&state.policy);
     let at = state.clock.now();
-    if let Err(e) = state
+    let audit = match state
         .denials
-        .record_reset(&recipient, &actor, &rules, removed, at)
+        .begin_reset(&recipient, &actor, &rules, at)
         .await
     {
-        return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+        Ok(id) => id,
+        Err(e) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("nothing was reset: the audit row could not be written: {e}"),
+            )
+        }
+    };
+    let removed = match state.limiter.reset(&state.policy, &recipient).await {
+        Ok(removed) => removed,
+        Err(e) => {
+            // Best effort: a row left pending says the same, that the outcome is unknown.
+            let _ = state.denials.finish_reset(audit, None).await;
+            return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+        }
+    };
+    if let Err(e) = state.denials.finish_reset(audit, Some(removed)).await {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the quota was reset, but its audit row {audit} stays pending: {e}"),
+        );
     }
     Json(json!({
         "recipient": recipient, "rules": rules, "keys_removed": removed, "actor": actor,

@@ -16,7 +16,15 @@ const TOKEN: &str = "test-token-0123456789abcdef";
 
 /// A worker with the admin API on a free port and one token, ready.
 async fn admin_env() -> (TestEnv, ManualClock, u16) {
+    admin_env_with(|_| {}).await
+}
+
+/// [`admin_env`] with its settings changed by `configure` before the worker starts.
+async fn admin_env_with(
+    configure: impl FnOnce(&mut sendquota::config::Settings),
+) -> (TestEnv, ManualClock, u16) {
     let mut env = TestEnv::new().await;
+    configure(&mut env.settings);
     let port = free_port();
     env.settings.admin.listen = format!("127.0.0.1:{port}");
     env.settings.admin.tokens = vec![sendquota::config::AdminToken {
@@ -208,16 +216,53 @@ async fn quota_peek_shows_usage_and_reset_frees_it_with_an_audit_row() {
     assert_eq!(reset["rules"], serde_json::json!(["headline"]));
     assert_eq!(reset["keys_removed"], 1);
     assert_eq!(reset["actor"], "ops-alice");
-    let audit: (String, String, i32) =
-        sqlx::query_as("SELECT recipient, actor, keys_removed FROM quota_resets")
+    let audit: (String, String, i32, String) =
+        sqlx::query_as("SELECT recipient, actor, keys_removed, status FROM quota_resets")
             .fetch_one(&env.pool)
             .await
             .expect("one audit row");
-    assert_eq!(audit, ("dave".to_owned(), "ops-alice".to_owned(), 1));
+    assert_eq!(
+        audit,
+        (
+            "dave".to_owned(),
+            "ops-alice".to_owned(),
+            1,
+            "done".to_owned()
+        )
+    );
     env.publish(&request("m2", "dave", "UTC")).await;
     assert!(
         env.outcome("m2", &mut seen).await,
         "after the reset dave can be sent to again"
+    );
+}
+
+/// The audit row is written before anything is deleted: when it cannot be (the table is
+/// locked past the statement timeout), the API answers 503 and the quota is untouched.
+#[tokio::test]
+async fn a_reset_that_cannot_be_audited_resets_nothing() {
+    let (env, _clock, port) = admin_env_with(|s| s.database.statement_timeout_ms = 300).await;
+    let mut seen = HashMap::new();
+    env.publish(&request("e1", "erin", "UTC")).await;
+    assert!(env.outcome("e1", &mut seen).await);
+    let mut lock = env.pool.begin().await.expect("transaction");
+    sqlx::query("LOCK TABLE quota_resets IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock the audit table");
+    let reset = http(port, "DELETE", "/v1/recipients/erin/quota", Some(TOKEN), "").await;
+    lock.rollback().await.expect("release the lock");
+    assert_eq!(reset.status, 503, "{}", reset.body);
+    assert!(reset.body.contains("nothing was reset"), "{}", reset.body);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM quota_resets")
+        .fetch_one(&env.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0, "no audit row");
+    env.publish(&request("e2", "erin", "UTC")).await;
+    assert!(
+        !env.outcome("e2", &mut seen).await,
+        "erin's quota is still used: e2 is denied"
     );
 }
 

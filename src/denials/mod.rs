@@ -400,24 +400,39 @@ impl DenialStore {
         Ok(dropped)
     }
 
-    /// Records a quota reset for audit.
-    pub async fn record_reset(
+    /// Records a quota reset about to happen, `pending`, before anything is deleted; returns
+    /// the audit row's id for [`DenialStore::finish_reset`].
+    pub async fn begin_reset(
         &self,
         recipient: &str,
         actor: &str,
         rules: &[String],
-        keys_removed: i64,
         at: DateTime<Utc>,
-    ) -> Result<(), DenialError> {
-        sqlx::query(
-            "INSERT INTO quota_resets (recipient, actor, rules, keys_removed, reset_at) \
-             VALUES ($1, $2, $3, $4, $5)",
+    ) -> Result<i64, DenialError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO quota_resets (recipient, actor, rules, reset_at, status) \
+             VALUES ($1, $2, $3, $4, 'pending') RETURNING id",
         )
         .bind(recipient)
         .bind(actor)
         .bind(rules)
-        .bind(keys_removed as i32)
         .bind(at)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Marks the reset of audit row `id` done (with the keys it removed) or failed (`None`).
+    pub async fn finish_reset(
+        &self,
+        id: i64,
+        keys_removed: Option<i64>,
+    ) -> Result<(), DenialError> {
+        sqlx::query(
+            "UPDATE quota_resets SET status = CASE WHEN $2::integer IS NULL THEN 'failed' \
+             ELSE 'done' END, keys_removed = $2 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(keys_removed.map(|k| k as i32))
         .execute(&self.pool)
         .await?;
         Ok(())

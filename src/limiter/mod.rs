@@ -406,28 +406,34 @@ impl Limiter {
         Ok(self.evaluate(&view, &probe, now, false).await?.verdicts)
     }
 
-    /// Deletes `recipient`'s state for every recipient-scope rule (both keys of each rule, in
-    /// one command: they share the recipient's hash tag). Returns the rules and how many keys
+    /// The rules a reset of one recipient clears: every recipient-scope rule.
+    pub fn reset_rules(policy: &Policy) -> Vec<String> {
+        policy
+            .rules
+            .iter()
+            .filter(|r| r.scope == Scope::Recipient)
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    /// Deletes `recipient`'s state for every rule of [`Limiter::reset_rules`] (both keys of
+    /// each rule, in one command: they share the recipient's hash tag). Returns how many keys
     /// existed.
-    pub async fn reset(
-        &self,
-        policy: &Policy,
-        recipient: &str,
-    ) -> Result<(Vec<String>, i64), LimiterError> {
+    pub async fn reset(&self, policy: &Policy, recipient: &str) -> Result<i64, LimiterError> {
         let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(recipient));
-        let mut names = Vec::new();
         let mut cmd = redis::cmd("DEL");
+        let mut any = false;
         for rule in policy.rules.iter().filter(|r| r.scope == Scope::Recipient) {
             let key = keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name());
             cmd.arg(keys::ids_key(&key)).arg(key);
-            names.push(rule.name.clone());
+            any = true;
         }
-        if names.is_empty() {
-            return Ok((names, 0));
+        if !any {
+            return Ok(0);
         }
         let removed: i64 = cmd.query_async(&mut self.conn.clone()).await?;
         self.announce_changed(recipient).await?;
-        Ok((names, removed))
+        Ok(removed)
     }
 
     /// Groups rules by scope (recipient first: it refuses most often, so later scopes are
