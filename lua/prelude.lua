@@ -78,3 +78,29 @@ local function hash_numbers(key)
   end
   return out
 end
+
+-- The claim on message `id` in the claims hash `key` (field = id, value = '<token> <expires
+-- ms>'): its holder's token and when it expires, whether or not it has; nil when there is none.
+local function claim_of(key, id)
+  local held = redis.call('HGET', key, id)
+  if not held then
+    return nil
+  end
+  local sep = string.find(held, ' ', 1, true)
+  return string.sub(held, 1, sep - 1), tonumber(string.sub(held, sep + 1))
+end
+
+-- Redis's own clock, in ms. Claims are leases on real time, measured by the one clock every
+-- worker shares: a worker's clock may be skewed, or simulated (`worker --now`), and a lease
+-- measured on it could never run out.
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Claims message `id` for `token` until `lease` ms after `now` (server_ms()); the hash lives at
+-- least as long.
+local function hold_claim(key, id, token, now, lease)
+  redis.call('HSET', key, id, token .. ' ' .. int(now + lease))
+  expire_in_at_least(key, lease)
+end

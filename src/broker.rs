@@ -4,6 +4,8 @@
 //! - exchange `<ns>.requests` (fanout) -> queue `<ns>.requests`: what producers send;
 //! - exchange `<ns>.dispatch` (topic, routing key = channel): allowed messages, for the senders;
 //! - queue `<ns>.invalid`: bodies that are not valid requests, with the reason in a header;
+//! - queue `<ns>.quarantine`: valid requests a service refuses for good (poison), with the
+//!   reason, attempts and errors in headers, until `sendquota quarantine replay`;
 //! - queues `<ns>.delay.<ms>`: delayed messages wait there for a fixed TTL and are
 //!   dead-lettered back to `<ns>.requests`.
 //!
@@ -27,6 +29,15 @@ use crate::config::{AmqpSettings, QueueType};
 pub const REASON_HEADER: &str = "x-sendquota-reason";
 /// Header naming the denial a replayed message comes from.
 pub const REPLAY_OF_HEADER: &str = "x-sendquota-replay-of";
+/// Headers of a quarantined message: why, how many attempts it had, and its first and last
+/// error.
+pub const QUARANTINE_REASON_HEADER: &str = "x-sendquota-quarantine-reason";
+/// See [`QUARANTINE_REASON_HEADER`].
+pub const QUARANTINE_ATTEMPTS_HEADER: &str = "x-sendquota-attempts";
+/// See [`QUARANTINE_REASON_HEADER`].
+pub const QUARANTINE_FIRST_ERROR_HEADER: &str = "x-sendquota-first-error";
+/// See [`QUARANTINE_REASON_HEADER`].
+pub const QUARANTINE_LAST_ERROR_HEADER: &str = "x-sendquota-last-error";
 /// Header carrying the instant a delayed message waits for.
 pub const DELAYED_UNTIL_HEADER: &str = "x-sendquota-delayed-until";
 
@@ -139,6 +150,8 @@ pub struct Names {
     pub dispatch: String,
     /// Queue for invalid messages.
     pub invalid: String,
+    /// Queue for messages a service refuses for good (see `pipeline::Pipeline::quarantine`).
+    pub quarantine: String,
     namespace: String,
 }
 
@@ -149,6 +162,7 @@ impl Names {
             requests: format!("{namespace}.requests"),
             dispatch: format!("{namespace}.dispatch"),
             invalid: format!("{namespace}.invalid"),
+            quarantine: format!("{namespace}.quarantine"),
             namespace: namespace.to_owned(),
         }
     }
@@ -240,7 +254,7 @@ pub async fn declare(
         )
         .await?;
     }
-    for queue in [&names.requests, &names.invalid] {
+    for queue in [&names.requests, &names.invalid, &names.quarantine] {
         timed(
             "queue.declare",
             channel.queue_declare(short(queue)?, durable_queue, queue_args(queue_type)),
@@ -306,6 +320,10 @@ pub fn delay_tier(now: DateTime<Utc>, until: DateTime<Utc>) -> i64 {
 pub struct Publisher {
     channel: Channel,
     blocked: watch::Receiver<Option<String>>,
+    /// Set when the session this publisher belongs to is over: publishes still waiting then
+    /// fail at once instead of at their timeout (lapin may leave a confirm of a channel the
+    /// broker closed unanswered), so their deliveries are given up and their claims released.
+    ended: std::sync::Arc<watch::Sender<bool>>,
 }
 
 impl Publisher {
@@ -319,7 +337,16 @@ impl Publisher {
             channel.confirm_select(ConfirmSelectOptions::default()),
         )
         .await?;
-        Ok(Publisher { channel, blocked })
+        Ok(Publisher {
+            channel,
+            blocked,
+            ended: std::sync::Arc::new(watch::channel(false).0),
+        })
+    }
+
+    /// Fails every publish still waiting on this publisher, and every later one.
+    pub fn end(&self) {
+        self.ended.send_replace(true);
     }
 
     /// The underlying channel (for declarations).
@@ -352,8 +379,18 @@ impl Publisher {
             body,
             properties.with_delivery_mode(2),
         );
-        let confirm = within("publish", &self.blocked, publish).await?;
-        match within("publish confirm", &self.blocked, confirm).await? {
+        let mut ended = self.ended.subscribe();
+        let confirmed = async {
+            let confirm = within("publish", &self.blocked, publish).await?;
+            within("publish confirm", &self.blocked, confirm).await
+        };
+        let confirmation = tokio::select! {
+            confirmed = confirmed => confirmed?,
+            _ = ended.wait_for(|ended| *ended) => {
+                return Err(BrokerError::ChannelClosed("publishing"));
+            }
+        };
+        match confirmation {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
             Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable {
                 exchange: exchange.to_owned(),

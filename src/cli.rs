@@ -75,11 +75,36 @@ pub enum Command {
         #[arg(long)]
         older_than: String,
     },
+    /// The quarantine queue: messages a service refused for good.
+    Quarantine {
+        /// What to do with it.
+        #[command(subcommand)]
+        action: QuarantineAction,
+    },
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
         #[command(subcommand)]
         action: ConfigAction,
+    },
+}
+
+/// `quarantine` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum QuarantineAction {
+    /// Print the quarantined messages (one JSON object per line, oldest first) without
+    /// removing them.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Publish quarantined messages back to the requests exchange (once their cause is fixed),
+    /// each recorded in table `quarantine_replays`.
+    Replay {
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
     },
 }
 
@@ -310,6 +335,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
         Command::Denials(args) => denials(&settings, args).await,
         Command::Replay(args) => replay(&settings, args).await,
         Command::Prune { older_than } => prune(&settings, &older_than).await,
+        Command::Quarantine { action } => quarantine(&settings, action).await,
         Command::Config {
             action: ConfigAction::Check,
         } => {
@@ -479,6 +505,48 @@ async fn open_publisher(
         .await
         .map_err(|e| service("rabbitmq")(&e))?;
     Ok((connection, publisher))
+}
+
+async fn quarantine(settings: &Settings, action: QuarantineAction) -> Result<(), CliError> {
+    let names = Names::new(&settings.namespace);
+    let rabbitmq = |e: &dyn std::fmt::Display| service("rabbitmq")(e);
+    match action {
+        QuarantineAction::List { limit } => {
+            let (connection, publisher) =
+                open_publisher(settings, &names, "sendquota-quarantine").await?;
+            let channel = broker::timed("channel.open", connection.create_channel())
+                .await
+                .map_err(|e| rabbitmq(&e))?;
+            let listed = crate::quarantine::list(&channel, &names, limit).await;
+            // Closing the channel gives the listed messages back to the queue.
+            let _ = connection.close(200, "done".into()).await;
+            drop(publisher);
+            let mut out = std::io::stdout().lock();
+            for q in listed.map_err(|e| rabbitmq(&e))? {
+                let line = serde_json::to_string(&q).map_err(|e| rabbitmq(&e))?;
+                writeln!(out, "{line}")
+                    .map_err(|e| CliError::Service(format!("writing output: {e}")))?;
+            }
+            Ok(())
+        }
+        QuarantineAction::Replay { limit } => {
+            let store = connect_store(settings).await?;
+            let (connection, publisher) =
+                open_publisher(settings, &names, "sendquota-quarantine").await?;
+            let channel = broker::timed("channel.open", connection.create_channel())
+                .await
+                .map_err(|e| rabbitmq(&e))?;
+            let replayed =
+                crate::quarantine::replay(&channel, &publisher, &names, &store, limit).await;
+            let _ = connection.close(200, "done".into()).await;
+            let replayed = replayed.map_err(|e| CliError::Service(e.to_string()))?;
+            println!(
+                "replayed {replayed} quarantined messages to {}",
+                names.requests
+            );
+            Ok(())
+        }
+    }
 }
 
 async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {

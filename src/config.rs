@@ -194,6 +194,10 @@ pub struct WorkerSettings {
     /// How long a dispatched message id is remembered so a redelivery is not sent twice, in
     /// seconds. Longer than the longest quota window, so a replay inside it is recognised too.
     pub dedup_ttl_secs: u64,
+    /// How long a delivery's in-flight claim on its message id lasts unless renewed, in
+    /// milliseconds (see `claim`): copies of the message wait while it is held, and a crashed
+    /// worker's claim frees its message's copies after this long.
+    pub claim_lease_ms: u64,
     /// First retry delay after a service failure, in milliseconds.
     pub retry_initial_ms: u64,
     /// Largest retry delay, in milliseconds.
@@ -254,6 +258,7 @@ impl Default for WorkerSettings {
             concurrency: 256,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             dedup_ttl_secs: 8 * 24 * 3600,
+            claim_lease_ms: 30_000,
             retry_initial_ms: 100,
             retry_max_ms: 10_000,
             shutdown_timeout_ms: 30_000,
@@ -375,6 +380,11 @@ impl Settings {
             return Err(ConfigError::Invalid(format!(
                 "worker.threads must be at most {MAX_THREADS} (0 = one per CPU)"
             )));
+        }
+        if w.claim_lease_ms < 300 {
+            return Err(ConfigError::Invalid(
+                "worker.claim_lease_ms must be at least 300".to_owned(),
+            ));
         }
         if w.watchdog_interval_ms < 100 {
             return Err(ConfigError::Invalid(

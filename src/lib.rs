@@ -15,12 +15,15 @@
 //! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store`
 //! (the Redis connection, single or cluster, through redis-rs), `tls` (certificate files and
 //! the process's one rustls crypto provider), `broker` (RabbitMQ through lapin: connections,
-//! topology and confirmed publishing), `sent` (dispatch marks that stop a redelivery from being sent twice),
-//! `denials` (the Postgres history operators query), `cli` (the `sendquota` command).
+//! topology and confirmed publishing), `sent` (dispatch marks that stop a redelivery from being sent twice), `claim` (in-flight
+//! claims: one delivery of a message id at a time),
+//! `denials` (the Postgres history operators query), `quarantine` (the operator's side of
+//! the quarantine queue), `cli` (the `sendquota` command).
 
 pub mod acks;
 pub mod admin;
 pub mod broker;
+pub mod claim;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -30,6 +33,7 @@ pub mod limiter;
 pub mod message;
 pub mod pipeline;
 pub mod policy;
+pub mod quarantine;
 pub mod replay;
 pub mod sent;
 pub mod store;

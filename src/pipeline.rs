@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
 
 use crate::broker::{self, BrokerError, Names, Publisher};
+use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::decision::{self, Outcome};
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
@@ -54,6 +55,9 @@ pub enum Handled {
     },
     /// Already dispatched earlier (a redelivery); nothing done.
     Duplicate,
+    /// Another delivery of the same message id is in flight (see [`crate::claim`]): sent
+    /// through the shortest delay queue to be decided again once that one is done.
+    InFlight,
 }
 
 /// A failure that leaves the message unacked, to be retried.
@@ -73,6 +77,25 @@ pub enum HandleError {
     Broker(#[from] BrokerError),
 }
 
+impl HandleError {
+    /// Whether the failure is this message's own and retrying cannot cure it (Postgres refuses
+    /// its denial row's data), as opposed to a service being away, which retrying outlasts.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, HandleError::Denials(DenialError::Refused { .. }))
+    }
+}
+
+/// Why a message is quarantined, for its headers.
+#[derive(Debug, Clone)]
+pub struct Poison {
+    /// The failure that made it poison (the last one).
+    pub reason: String,
+    /// Attempts at the message, failed ones included.
+    pub attempts: u32,
+    /// Its first failure.
+    pub first_error: String,
+}
+
 /// Everything a message's decision needs, shared by all in-flight messages.
 pub struct Pipeline {
     /// The validated rules.
@@ -89,6 +112,8 @@ pub struct Pipeline {
     pub names: Names,
     /// Largest accepted body.
     pub max_body_bytes: usize,
+    /// The lease of each delivery's in-flight claim, in ms.
+    pub claim_lease_ms: u64,
     /// A deliberate stop for crash tests; `None` in production.
     pub failpoint: Option<Failpoint>,
     /// The per-message metrics, registered at start.
@@ -97,11 +122,13 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Decides one delivery and makes its outcome durable, publishing through `publisher`.
+    /// `claim` is the delivery's in-flight claim: the same one for every attempt at it.
     pub async fn handle(
         &self,
         publisher: &Publisher,
         body: &[u8],
         properties: &BasicProperties,
+        claim: &Claim,
     ) -> Result<Handled, HandleError> {
         let message = match SendRequest::decode(body, self.max_body_bytes) {
             Ok(m) => m,
@@ -123,7 +150,7 @@ impl Pipeline {
         let started = Instant::now();
         let evaluation = self
             .limiter
-            .evaluate(&self.policy, &message, now, true)
+            .evaluate_claimed(&self.policy, &message, now, claim)
             .await?;
         self.metrics
             .decision_seconds
@@ -132,6 +159,17 @@ impl Pipeline {
             self.metrics.outcome("duplicate");
             return Ok(Handled::Duplicate);
         }
+        if evaluation.in_flight.is_some() {
+            let queue = self.names.delay_queue(broker::DELAY_TIERS_MS[0]);
+            let mut headers = Vec::new();
+            if let Some(denial) = replay_of {
+                headers.push((broker::REPLAY_OF_HEADER, denial.to_string()));
+            }
+            let props = broker::json_properties(Some(&message.id), &headers);
+            publisher.publish("", &queue, body, props).await?;
+            self.metrics.outcome("in_flight");
+            return Ok(Handled::InFlight);
+        }
         for v in &evaluation.verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
         }
@@ -139,6 +177,9 @@ impl Pipeline {
         self.metrics.outcome(outcome.name().as_str());
         match outcome {
             Outcome::Allow { shadow_refusals } => {
+                // The claim lives while the message is in flight: a publish can wait out a
+                // broker alarm, longer than one lease.
+                let _alive = claim.keep_alive(&self.limiter, &message);
                 for verdict in &shadow_refusals {
                     self.record(&message, verdict, true, verdict.retry_after, now, replay_of)
                         .await?;
@@ -176,6 +217,60 @@ impl Pipeline {
                 metrics::counter!(telemetry::DELAYED).increment(1);
                 Ok(Handled::Delayed { until })
             }
+        }
+    }
+
+    /// Moves a message a service refuses for good to the quarantine queue, with `poison` in its
+    /// headers, and gives back whatever it took: the quota of every rule (a shadow rule's
+    /// denial row is written before the dispatch) and its in-flight claim. The caller acks it.
+    pub async fn quarantine(
+        &self,
+        publisher: &Publisher,
+        body: &[u8],
+        properties: &BasicProperties,
+        claim: &Claim,
+        poison: &Poison,
+    ) -> Result<(), HandleError> {
+        let message = SendRequest::decode(body, self.max_body_bytes).ok();
+        let id = match &message {
+            Some(m) => Some(m.id.as_str()),
+            None => properties.message_id().as_ref().map(|s| s.as_str()),
+        };
+        let mut headers = vec![
+            (broker::QUARANTINE_REASON_HEADER, poison.reason.clone()),
+            (
+                broker::QUARANTINE_ATTEMPTS_HEADER,
+                poison.attempts.to_string(),
+            ),
+            (
+                broker::QUARANTINE_FIRST_ERROR_HEADER,
+                poison.first_error.clone(),
+            ),
+            (broker::QUARANTINE_LAST_ERROR_HEADER, poison.reason.clone()),
+        ];
+        if let Some(denial) = broker::header(properties, broker::REPLAY_OF_HEADER) {
+            headers.push((broker::REPLAY_OF_HEADER, denial));
+        }
+        let props = broker::json_properties(id, &headers);
+        publisher
+            .publish("", &self.names.quarantine, body, props)
+            .await?;
+        if let Some(message) = &message {
+            self.limiter
+                .refund(&self.policy, message, self.clock.now(), claim)
+                .await?;
+        }
+        metrics::counter!(telemetry::QUARANTINED).increment(1);
+        tracing::error!(message_id = ?id, reason = %poison.reason, attempts = poison.attempts,
+            queue = %self.names.quarantine, "message quarantined");
+        Ok(())
+    }
+
+    /// Drops the delivery's in-flight claim on its message, for a delivery given up without a
+    /// dispatch (it goes back to the queue): its copies need not wait out the lease.
+    pub async fn abandon(&self, body: &[u8], claim: &Claim) {
+        if let Ok(message) = SendRequest::decode(body, self.max_body_bytes) {
+            claim.release(&self.limiter, &message).await;
         }
     }
 

@@ -46,19 +46,24 @@ impl SentMarks {
         }
     }
 
-    /// Records that `message_id`, for `recipient`, was dispatched at `now`; the set lives as
-    /// long as its newest mark. Every [`PRUNE_EVERY`]th mark also drops expired marks.
+    /// Records that `message_id`, for `recipient`, was dispatched at `now`, and drops its
+    /// in-flight claim ([`crate::claim`]); the set lives as long as its newest mark. Every
+    /// [`PRUNE_EVERY`]th mark also drops expired marks.
     pub async fn mark(
         &self,
         recipient: &str,
         message_id: &str,
         now: DateTime<Utc>,
     ) -> redis::RedisResult<()> {
-        let key = keys::recipient_sent_key(&self.namespace, recipient);
+        let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(recipient));
+        let key = keys::sent_key(&self.namespace, &tag);
         let now_ms = now.timestamp_millis();
-        // One round trip; not atomic, and need not be: each command is right on its own.
+        // One round trip; not atomic, and need not be: each command is right on its own. The
+        // mark supersedes the delivery's in-flight claim (any copy is a duplicate now).
         let mut pipe = redis::pipe();
         pipe.zadd(&key, message_id, now_ms.saturating_add(self.ttl_ms))
+            .ignore()
+            .hdel(keys::claims_key(&self.namespace, &tag), message_id)
             .ignore();
         if self
             .written

@@ -26,6 +26,8 @@ pub const DENIAL_BATCHES: &str = "sendquota_denial_batches_total";
 pub const REDELIVERIES: &str = "sendquota_redeliveries_total";
 /// Counter: invalid messages routed to the invalid queue.
 pub const INVALID: &str = "sendquota_invalid_messages_total";
+/// Counter: messages moved to the quarantine queue (a service refused them for good).
+pub const QUARANTINED: &str = "sendquota_quarantined_messages_total";
 /// Counter: messages parked in a delay queue.
 pub const DELAYED: &str = "sendquota_delayed_messages_total";
 /// Counter: decisions answered from the deny cache, without Redis.
@@ -63,7 +65,15 @@ pub fn prometheus() -> &'static PrometheusHandle {
 }
 
 /// The values the `outcome` label of [`DECISIONS`] takes.
-const OUTCOMES: [&str; 6] = ["allow", "deny", "delay", "shadow", "duplicate", "invalid"];
+const OUTCOMES: [&str; 7] = [
+    "allow",
+    "deny",
+    "delay",
+    "shadow",
+    "duplicate",
+    "in_flight",
+    "invalid",
+];
 
 /// The metrics recorded for every message, registered once. `metrics::counter!` with labels
 /// builds, hashes and looks up its key on every call; per message that was about 3% of the

@@ -21,18 +21,23 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 
 use crate::broker::{self, BrokerError, Names, Publisher};
+use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::limiter::deny_cache::DenyCache;
 use crate::limiter::Limiter;
-use crate::pipeline::{Handled, Pipeline};
+use crate::pipeline::{Handled, Pipeline, Poison};
 use crate::sent::SentMarks;
 use crate::store::RedisConn;
 use crate::telemetry;
 
 /// How often buffered histogram samples are folded into their buckets.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// A message whose handling fails this many times in a row with a refusal of its own (see
+/// `HandleError::is_permanent`) is quarantined: a few tries rule out a passing fault.
+const QUARANTINE_AFTER: u32 = 3;
 
 /// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
 const SKEW_WARNING_MS: i64 = 1_000;
@@ -43,6 +48,10 @@ pub enum WorkerError {
     /// Redis could not be reached at start-up.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Redis could not be reached at start-up (with a hint when a plaintext URL met what
+    /// looks like a TLS-only server).
+    #[error("redis: {0}")]
+    RedisStart(String),
     /// Redis is too old for the decision scripts, or its version could not be read.
     #[error(transparent)]
     RedisVersion(#[from] crate::store::VersionError),
@@ -80,7 +89,18 @@ pub async fn run(
     telemetry::prometheus();
     metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
         .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
-    let redis = RedisConn::connect(&settings.redis).await?;
+    let redis = RedisConn::connect(&settings.redis).await.map_err(|e| {
+        let plain = settings.redis.url.starts_with("redis://")
+            && settings
+                .redis
+                .cluster_urls
+                .iter()
+                .all(|u| u.starts_with("redis://"));
+        WorkerError::RedisStart(format!(
+            "{e}{}",
+            tls_hint(plain, &e.to_string(), "rediss://")
+        ))
+    })?;
     match crate::store::check_version(&redis).await? {
         Some(version) => info!(%version, "redis version checked"),
         None => warn!("redis does not report its version; the scripts need Redis 7.0 or later"),
@@ -136,6 +156,7 @@ pub async fn run(
         clock,
         names: Names::new(&settings.namespace),
         max_body_bytes: settings.worker.max_body_bytes,
+        claim_lease_ms: settings.worker.claim_lease_ms,
         failpoint,
         metrics: telemetry::MessageMetrics::register(
             settings.policy.rules.iter().map(|r| r.name.as_str()),
@@ -172,7 +193,10 @@ pub async fn run(
         health.set_consuming(false);
         if let (Err(e), false) = (&ended, started) {
             // Unreachable at start: fail like Redis and Postgres do, so the orchestrator sees it.
-            return Err(WorkerError::Broker(e.to_string()));
+            let plain = settings.amqp.url.starts_with("amqp://");
+            let message = e.to_string();
+            let hint = tls_hint(plain, &message, "amqps://");
+            return Err(WorkerError::Broker(format!("{message}{hint}")));
         }
         match ended {
             Ok(()) => return Ok(()),
@@ -328,6 +352,10 @@ async fn consume(
         }
     };
     drop(consumer);
+    if result.is_err() {
+        // The session is lost: publishes still waiting on it will not be confirmed.
+        publisher.end();
+    }
     let drained = tokio::time::timeout(
         Duration::from_millis(settings.worker.shutdown_timeout_ms),
         slots.acquire_many(settings.worker.concurrency as u32),
@@ -368,13 +396,19 @@ impl Task {
     /// acked. Retries on service failures; gives up (the message goes back to the queue) when
     /// the channel is gone or the worker is stopping.
     async fn process(mut self, delivery: Delivery) {
+        let claim = Claim::new(self.pipeline.claim_lease_ms);
+        let mut attempts = 0u32;
+        let mut refused_in_a_row = 0u32;
+        let mut first_error: Option<String> = None;
         loop {
+            attempts += 1;
             // Boxed: the decision's state machine is kilobytes, and a task's future is moved
             // whole when it is spawned and when it completes.
             let handled = Box::pin(self.pipeline.handle(
                 &self.publisher,
                 &delivery.data,
                 &delivery.properties,
+                &claim,
             ))
             .await;
             match handled {
@@ -384,9 +418,42 @@ impl Task {
                     return;
                 }
                 Err(e) => {
+                    let error = e.to_string();
+                    first_error.get_or_insert_with(|| error.clone());
+                    refused_in_a_row = if e.is_permanent() {
+                        refused_in_a_row + 1
+                    } else {
+                        0
+                    };
+                    if refused_in_a_row >= QUARANTINE_AFTER {
+                        let poison = Poison {
+                            reason: error.clone(),
+                            attempts,
+                            first_error: first_error.clone().unwrap_or_default(),
+                        };
+                        let quarantined = self
+                            .pipeline
+                            .quarantine(
+                                &self.publisher,
+                                &delivery.data,
+                                &delivery.properties,
+                                &claim,
+                                &poison,
+                            )
+                            .await;
+                        match quarantined {
+                            Ok(()) => {
+                                self.settler.ack(delivery.delivery_tag);
+                                return;
+                            }
+                            Err(q) => warn!(error = %q, "message not quarantined; retrying"),
+                        }
+                    }
                     let wait = self.backoff.next();
-                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "message not decided");
+                    warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "message not decided");
                     if self.channels_lost() || sleep_or_stop(wait, &self.stop).await {
+                        // Given up without a dispatch: its copies need not wait out the lease.
+                        self.pipeline.abandon(&delivery.data, &claim).await;
                         self.settler.requeue(delivery.delivery_tag);
                         return;
                     }
@@ -407,6 +474,24 @@ fn log_handled(delivery: &Delivery, handled: &Handled) {
         other => {
             debug!(message_id = ?id, outcome = ?other, redelivered = delivery.redelivered, "handled")
         }
+    }
+}
+
+/// A hint for a start-up failure of a plaintext URL that reads like a TLS-only server's
+/// answer: it resets the connection, or sends a TLS alert the client cannot parse.
+fn tls_hint(plain: bool, error: &str, scheme: &str) -> String {
+    let tls_like = [
+        "reset by peer",
+        "failed to parse",
+        "unexpected end",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|s| error.to_ascii_lowercase().contains(s));
+    if plain && tls_like {
+        format!(" (if the server accepts TLS only, use {scheme})")
+    } else {
+        String::new()
     }
 }
 

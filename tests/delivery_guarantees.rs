@@ -142,11 +142,89 @@ fn spawn_worker_binary(
     cmd.spawn().expect("start the sendquota binary")
 }
 
+/// Messages ready (not counting deliveries in progress) in `queue`.
+async fn ready(env: &TestEnv, queue: &str) -> u32 {
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    env.channel
+        .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+        .await
+        .expect("passive declare")
+        .message_count()
+}
+
+/// A producer's retries put copies of one message in flight at once. Ten copies of each of
+/// twenty messages, each message's copies back to back, decided by two worker processes at
+/// their default concurrency and prefetch: every message is dispatched exactly once and no
+/// copy is denied (copies that find another in flight wait their turn through the shortest
+/// delay queue, then are duplicates).
+#[tokio::test]
+async fn ten_copies_of_each_message_across_two_workers_are_dispatched_once_each() {
+    const IDS: usize = 20;
+    const COPIES: usize = 10;
+    let env = TestEnv::new().await;
+    let config = std::env::temp_dir().join(format!("{}.toml", env.namespace));
+    std::fs::write(&config, "[amqp]\nqueue_type = \"classic\"\n").expect("write config");
+    let mut workers = [
+        spawn_worker_binary(&env, &config, false, 0),
+        spawn_worker_binary(&env, &config, false, 0),
+    ];
+    for i in 0..IDS {
+        for _ in 0..COPIES {
+            env.publish(&request(&format!("dup-{i}"), &format!("r{i}"), "UTC"))
+                .await;
+        }
+    }
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < IDS {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {IDS} messages dispatched",
+            seen.len()
+        );
+        for id in env.take_dispatched().await {
+            *seen.entry(id).or_default() += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every copy has been decided once the requests and the shortest delay queue stay empty
+    // for longer than a copy's trip through the delay queue.
+    let delay = env.names.delay_queue(sendquota::broker::DELAY_TIERS_MS[0]);
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_millis(2_500) {
+        assert!(Instant::now() < deadline, "the copies were all decided");
+        if ready(&env, &env.names.requests).await + ready(&env, &delay).await > 0 {
+            quiet_since = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in env.take_dispatched().await {
+        *seen.entry(id).or_default() += 1;
+    }
+    for worker in &mut workers {
+        worker.kill().expect("stop a worker");
+        worker.wait().expect("reap a worker");
+    }
+    let _ = std::fs::remove_file(&config);
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "dispatched more than once: {twice:?}");
+    assert_eq!(seen.len(), IDS);
+    assert_eq!(env.denial_rows().await, 0, "no copy is denied");
+}
+
 #[tokio::test]
 async fn a_worker_killed_after_redis_admitted_a_message_dispatches_it_once_after_restart() {
     let env = TestEnv::new().await;
     let config = std::env::temp_dir().join(format!("{}.toml", env.namespace));
-    std::fs::write(&config, "[amqp]\nqueue_type = \"classic\"\n").expect("write config");
+    // The killed worker's in-flight claim holds the message's copies for one lease.
+    std::fs::write(
+        &config,
+        "[amqp]\nqueue_type = \"classic\"\n[worker]\nclaim_lease_ms = 1000\n",
+    )
+    .expect("write config");
     let key = headline_key(&env, "alice");
 
     let mut first = spawn_worker_binary(&env, &config, true, 0);

@@ -20,6 +20,8 @@ use sendquota::sent::SentMarks;
 use support::{local, request, TestEnv};
 
 const ZONES: [&str; 3] = ["UTC", "America/New_York", "Asia/Kathmandu"];
+const CHANNELS: [&str; 2] = ["sms", "email"];
+const CATEGORIES: [&str; 2] = ["default", "marketing"];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -27,6 +29,9 @@ enum Op {
         recipient: usize,
         id: usize,
         zone: usize,
+        /// Indexes into [`CHANNELS`] and [`CATEGORIES`].
+        channel: usize,
+        category: usize,
         advance_minutes: i64,
         /// Whether an admitted message is then dispatched (its id marked, as the worker does).
         dispatch: bool,
@@ -40,8 +45,8 @@ fn op() -> impl Strategy<Value = Op> {
     // Recipients 0..3 are hot (most of the traffic), 3..40 cold; ids repeat within a pool.
     let recipient = prop_oneof![8 => 0usize..3, 2 => 3usize..40];
     prop_oneof![
-        60 => (recipient, 0usize..400, prop_oneof![9 => Just(0usize), 1 => 0usize..3], 0i64..180, prop::bool::weighted(0.8))
-            .prop_map(|(recipient, id, zone, advance_minutes, dispatch)| Op::Send { recipient, id, zone, advance_minutes, dispatch }),
+        60 => (recipient, 0usize..400, prop_oneof![9 => Just(0usize), 1 => 0usize..3], (0usize..2, 0usize..2), 0i64..180, prop::bool::weighted(0.8))
+            .prop_map(|(recipient, id, zone, (channel, category), advance_minutes, dispatch)| Op::Send { recipient, id, zone, channel, category, advance_minutes, dispatch }),
         1 => (0usize..3).prop_map(|recipient| Op::Reset { recipient }),
     ]
 }
@@ -53,7 +58,9 @@ fn policy(toml: &str) -> Policy {
     Settings::from_toml(toml, |_| None).expect("valid").policy
 }
 
-fn exact_over_random_workloads(toml: &str) {
+/// Runs random workloads under `toml`'s policy through a cached and an uncached limiter; the
+/// cache must answer at least one decision in `min_hit_one_in`.
+fn exact_over_random_workloads(toml: &str, min_hit_one_in: u64) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let redis = rt.block_on(support::connect_redis(&support::single_settings()));
     let policy = policy(toml);
@@ -76,12 +83,16 @@ fn exact_over_random_workloads(toml: &str) {
                         recipient,
                         id,
                         zone,
+                        channel,
+                        category,
                         advance_minutes,
                         dispatch,
                     } => {
                         now += Duration::minutes(*advance_minutes);
-                        let body =
+                        let mut body =
                             request(&format!("m{id}"), &format!("r{recipient}"), ZONES[*zone]);
+                        body["channel"] = CHANNELS[*channel].into();
+                        body["category"] = CATEGORIES[*category].into();
                         let m = SendRequest::decode(body.to_string().as_bytes(), 1 << 16)
                             .expect("valid");
                         let before = cache.hits();
@@ -145,14 +156,29 @@ fn exact_over_random_workloads(toml: &str) {
     let (hits, decisions) = (hits.into_inner(), decisions.into_inner());
     eprintln!("deny cache answered {hits} of {decisions} decisions");
     assert!(
-        hits * 5 > decisions,
+        hits * min_hit_one_in > decisions,
         "the cache answered {hits} of {decisions}: too few to matter"
     );
 }
 
 #[test]
 fn cached_decisions_equal_uncached_ones_for_the_headline_rule() {
-    exact_over_random_workloads("");
+    exact_over_random_workloads("", 5);
+}
+
+/// Caps that match some channels or categories only: a message's cached verdicts hold for
+/// messages matching the same rules, and an admission under some rules changes what is cached
+/// under others (an sms denied by the sms cap, then an email to the same recipient, allowed).
+#[test]
+fn cached_decisions_equal_uncached_ones_for_caps_filtered_by_channel_and_category() {
+    exact_over_random_workloads(
+        "[[rules]]\nname = \"sms_cap\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 1\nwindow_days = 1\nmatch = { channels = [\"sms\"] }\n\
+         [[rules]]\nname = \"all_cap\"\nkind = \"calendar_quota\"\nper_day = 3\nper_window = 5\nwindow_days = 3\n\
+         [[rules]]\nname = \"marketing_cap\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 2\nwindow_days = 7\nmatch = { categories = [\"marketing\"] }\n",
+        // Every admission invalidates its recipient under filtered caps, and the workload
+        // mixes four channel and category pairs: fewer answers, still exact.
+        40,
+    );
 }
 
 #[test]
@@ -160,6 +186,7 @@ fn cached_decisions_equal_uncached_ones_for_two_calendar_rules() {
     exact_over_random_workloads(
         "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 2\nper_window = 4\nwindow_days = 5\n\
          [[rules]]\nname = \"weekly\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\nwindow_days = 7\n",
+        5,
     );
 }
 

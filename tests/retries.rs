@@ -83,3 +83,158 @@ async fn a_dispatch_no_queue_would_receive_is_retried_until_a_sender_binds() {
     }
     assert_eq!(seen.get("waiting"), Some(&1), "dispatched exactly once");
 }
+
+/// A payload number Postgres's numeric type cannot hold (1e-20000) passes validation, but its
+/// denial row is refused. The refusal is the message's own: the rows written beside it in the
+/// same batches are written, the message is retried a few times, then moved to the quarantine
+/// queue with why, and acked; nothing waits on it forever.
+#[tokio::test]
+async fn a_denial_postgres_refuses_for_its_data_is_quarantined_and_its_batch_is_written() {
+    const OTHERS: usize = 40;
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    for i in 0..OTHERS {
+        let id = format!("first-{i}");
+        env.publish(&request(&id, &format!("r{i}"), "UTC")).await;
+        assert!(env.outcome(&id, &mut seen).await);
+    }
+    env.publish(&request("first-alice", "alice", "UTC")).await;
+    assert!(env.outcome("first-alice", &mut seen).await);
+    // Each recipient's second message of the day is denied: the poison among the others.
+    let poison = br#"{"id":"poison","recipient":"alice","channel":"sms","payload":{"x":1e-20000}}"#;
+    for i in 0..OTHERS {
+        if i == OTHERS / 2 {
+            env.publish_raw(poison).await;
+        }
+        env.publish(&request(&format!("second-{i}"), &format!("r{i}"), "UTC"))
+            .await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let quarantined = loop {
+        let got = env.drain(&env.names.quarantine).await;
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the poison message was quarantined"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(quarantined.len(), 1);
+    let q = &quarantined[0].delivery;
+    assert_eq!(q.data, poison, "the body as it was published");
+    let header = |name| sendquota::broker::header(&q.properties, name).unwrap_or_default();
+    let reason = header(sendquota::broker::QUARANTINE_REASON_HEADER);
+    assert!(
+        reason.contains("SQLSTATE 22003"),
+        "the reason names Postgres's refusal: {reason}"
+    );
+    assert_eq!(header(sendquota::broker::QUARANTINE_ATTEMPTS_HEADER), "3");
+    assert!(!header(sendquota::broker::QUARANTINE_FIRST_ERROR_HEADER).is_empty());
+    for i in 0..OTHERS {
+        assert!(
+            !env.outcome(&format!("second-{i}"), &mut seen).await,
+            "second-{i} denied, its row written"
+        );
+    }
+    env.stop_worker().await;
+    assert_eq!(env.denial_count("poison").await, 0);
+    assert!(
+        env.drain(&env.names.requests).await.is_empty(),
+        "the poison was acked, not left to be retried"
+    );
+}
+
+/// Once the cause is fixed, `sendquota quarantine replay` publishes the message again and it
+/// is decided like any other; `quarantine list` shows it until then. Here the cause is a
+/// trigger that refuses one recipient's denial rows with a data error, dropped before replay.
+#[tokio::test]
+async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() {
+    let mut env = TestEnv::new().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION picky() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF NEW.recipient = 'picky' THEN RAISE EXCEPTION 'picky refuses' USING ERRCODE = '22023'; \
+         END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER picky BEFORE INSERT ON denials FOR EACH ROW EXECUTE FUNCTION picky();",
+    )
+    .execute(&env.pool)
+    .await
+    .expect("the refusing trigger");
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("p1", "picky", "UTC")).await;
+    assert!(env.outcome("p1", &mut seen).await);
+    env.publish(&request("p2", "picky", "UTC")).await;
+
+    let config = std::env::temp_dir().join(format!("{}.toml", env.namespace));
+    std::fs::write(&config, "[amqp]\nqueue_type = \"classic\"\n").expect("config");
+    let cli = |args: &[&str]| {
+        let mut cmd = support::process::sendquota();
+        cmd.env("SENDQUOTA_NAMESPACE", &env.namespace)
+            .env("SENDQUOTA_REDIS_URL", support::redis_url())
+            .env("SENDQUOTA_AMQP_URL", support::amqp_url())
+            .env("SENDQUOTA_DATABASE_URL", &env.database_url)
+            .args(["--config", config.to_str().expect("utf-8")])
+            .args(args);
+        cmd
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let listed = loop {
+        let run =
+            support::process::run_for(cli(&["quarantine", "list"]), None, Duration::from_secs(30));
+        assert_eq!(run.code, Some(0), "{run:?}");
+        if !run.stdout.is_empty() {
+            break run.stdout;
+        }
+        assert!(std::time::Instant::now() < deadline, "p2 quarantined");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let entry: serde_json::Value = serde_json::from_str(listed.trim()).expect("one JSON line");
+    assert_eq!(entry["message_id"], "p2");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("picky refuses")),
+        "{entry}"
+    );
+    let again =
+        support::process::run_for(cli(&["quarantine", "list"]), None, Duration::from_secs(30));
+    assert_eq!(
+        again.stdout, listed,
+        "listing leaves the message in quarantine"
+    );
+
+    sqlx::query("DROP TRIGGER picky ON denials")
+        .execute(&env.pool)
+        .await
+        .expect("fix the cause");
+    let run = support::process::run_for(
+        cli(&["quarantine", "replay"]),
+        None,
+        Duration::from_secs(30),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.contains("replayed 1 quarantined messages"),
+        "{run:?}"
+    );
+    assert!(
+        !env.outcome("p2", &mut seen).await,
+        "p2 decided again: denied, its row written"
+    );
+    env.stop_worker().await;
+    assert_eq!(env.denial_count("p2").await, 1);
+    let audited: (Option<String>, String) =
+        sqlx::query_as("SELECT message_id, reason FROM quarantine_replays")
+            .fetch_one(&env.pool)
+            .await
+            .expect("one audit row");
+    assert_eq!(audited.0.as_deref(), Some("p2"));
+    assert!(audited.1.contains("picky refuses"));
+    assert!(env.drain(&env.names.quarantine).await.is_empty());
+    let _ = std::fs::remove_file(&config);
+}

@@ -437,7 +437,7 @@ async fn plaintext_against_a_tls_only_server_fails_start_up_naming_the_service()
             "redis",
             good.get("SENDQUOTA_REDIS_URL")
                 .replacen("rediss://", "redis://", 1),
-            "Connection reset by peer",
+            "(if the server accepts TLS only, use rediss://)",
         ),
         (
             "SENDQUOTA_DATABASE_URL",
@@ -450,11 +450,13 @@ async fn plaintext_against_a_tls_only_server_fails_start_up_naming_the_service()
             "no encryption",
         ),
         (
+            // The broker resets the connection or answers with a TLS alert, which the AMQP
+            // client fails to parse: either way the hint follows.
             "SENDQUOTA_AMQP_URL",
             "rabbitmq",
             good.get("SENDQUOTA_AMQP_URL")
                 .replacen("amqps://", "amqp://", 1),
-            "Connection reset by peer",
+            "(if the server accepts TLS only, use amqps://)",
         ),
     ];
     for (variable, service, url, reason) in plain {

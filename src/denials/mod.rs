@@ -54,9 +54,34 @@ pub enum DenialError {
     /// The batch this denial was in failed (the message is retried).
     #[error("postgres (batched write): {0}")]
     Batch(String),
+    /// Postgres refused this denial's row itself, with a data error (SQLSTATE class 22, such
+    /// as a payload number beyond its numeric type): writing it again cannot succeed.
+    #[error("postgres refused the denial row (SQLSTATE {sqlstate}): {message}")]
+    Refused {
+        /// The SQLSTATE.
+        sqlstate: String,
+        /// Postgres's message.
+        message: String,
+    },
     /// The batching task is gone (the worker is stopping).
     #[error("the denial writer stopped")]
     WriterStopped,
+}
+
+impl DenialError {
+    /// The refusal of this row, when Postgres failed it with a data error (SQLSTATE class 22):
+    /// a fault of the data, not of the service.
+    pub fn data_refusal(&self) -> Option<DenialError> {
+        let DenialError::Database(e) = self else {
+            return None;
+        };
+        let db = e.as_database_error()?;
+        let code = db.code()?;
+        code.starts_with("22").then(|| DenialError::Refused {
+            sqlstate: code.into_owned(),
+            message: crate::message::one_line(db.message()),
+        })
+    }
 }
 
 /// A denial about to be recorded.
@@ -435,6 +460,20 @@ impl DenialStore {
         .bind(keys_removed.map(|k| k as i32))
         .execute(&self.pool)
         .await?;
+        Ok(())
+    }
+
+    /// Records that a quarantined message was published again (`sendquota quarantine replay`).
+    pub async fn record_quarantine_replay(
+        &self,
+        message_id: Option<&str>,
+        reason: &str,
+    ) -> Result<(), DenialError> {
+        sqlx::query("INSERT INTO quarantine_replays (message_id, reason) VALUES ($1, $2)")
+            .bind(message_id)
+            .bind(reason)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

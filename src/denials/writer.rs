@@ -3,7 +3,9 @@
 //! Writing one row per transaction caps a worker near a few thousand denials a second; a
 //! batch of hundreds costs about the same round trips as one row. Each caller waits for its own
 //! batch to commit before its message is acked, so batching changes throughput, not
-//! guarantees: a failed batch fails every caller in it, and each retries its message.
+//! guarantees: a batch that fails for the service's sake (Postgres down, a timeout) fails every
+//! caller in it, and each retries its message; a batch Postgres refuses for a row's data is
+//! written again one row at a time, so one bad row fails only its own message.
 
 use std::time::Duration;
 
@@ -13,7 +15,7 @@ use super::{DenialError, DenialRow, DenialStore};
 
 struct Job {
     row: DenialRow,
-    done: oneshot::Sender<Result<bool, String>>,
+    done: oneshot::Sender<Result<bool, DenialError>>,
 }
 
 /// Handle to the batching task; cheap to clone.
@@ -39,10 +41,7 @@ impl DenialWriter {
             .send(Job { row, done })
             .await
             .map_err(|_| DenialError::WriterStopped)?;
-        result
-            .await
-            .map_err(|_| DenialError::WriterStopped)?
-            .map_err(DenialError::Batch)
+        result.await.map_err(|_| DenialError::WriterStopped)?
     }
 }
 
@@ -72,10 +71,22 @@ async fn run(
                     let _ = job.done.send(Ok(new));
                 }
             }
+            Err(e) if e.data_refusal().is_some() => {
+                // Some row's data was refused: each row alone, so only that one fails.
+                for job in batch {
+                    let alone = store.insert_batch(&[&job.row]).await.map(|r| r[0]);
+                    let result = alone.map_err(|e| {
+                        e.data_refusal()
+                            .unwrap_or_else(|| DenialError::Batch(e.to_string()))
+                    });
+                    let _ = job.done.send(result);
+                }
+                batches.increment(1);
+            }
             Err(e) => {
                 let message = e.to_string();
                 for job in batch {
-                    let _ = job.done.send(Err(message.clone()));
+                    let _ = job.done.send(Err(DenialError::Batch(message.clone())));
                 }
             }
         }

@@ -8,6 +8,10 @@
 //!   `on_deny = drop` are cached (one scope, so no cross-scope refunds; no shadow or delay);
 //! - an id that was already admitted is never answered from the cache (Redis would admit it
 //!   again without consuming);
+//! - an answer is reused only for a message that matches the same rules (with match filters,
+//!   an sms and an email to one recipient meet different caps), and when some recipient-scope
+//!   rule has a match filter, every admission invalidates its recipient: a message matching
+//!   other rules can be admitted while this one is refused, and changes rules they share;
 //! - anything that can change a full recipient's state (an admin reset, a refund, an id
 //!   re-admitted by some rules only) invalidates the recipient on every worker through Redis
 //!   pub/sub; while the subscription is down the cache is off
@@ -23,7 +27,7 @@ use chrono_tz::Tz;
 
 use super::{calendar, Verdict};
 use crate::message::SendRequest;
-use crate::policy::{CalendarQuota, Kind, OnDeny, Rule, Scope};
+use crate::policy::{CalendarQuota, Kind, OnDeny, Policy, Rule, Scope};
 
 /// Whether a calendar quota `q` holding entries on `scores` (local day numbers) has room for
 /// one more send on day `day`: the rule of `lua/calendar_quota.lua`.
@@ -66,14 +70,27 @@ const MAX_ENTRIES: usize = 10_000;
 struct Entry {
     until: DateTime<Utc>,
     admitted: HashSet<String>,
+    /// The names of the rules the verdicts are of: the rules that matched the message.
+    rules: Vec<String>,
     verdicts: Vec<Verdict>,
+}
+
+/// Whether `rules` are the rules `entry` was filled for.
+fn same_rules(entry: &Entry, rules: &[&Rule]) -> bool {
+    entry
+        .rules
+        .iter()
+        .map(String::as_str)
+        .eq(rules.iter().map(|r| r.name.as_str()))
 }
 
 /// The cache shared by all in-flight messages of one worker.
 #[derive(Default)]
 pub struct DenyCache {
     // A std Mutex: held only for map operations, never across an await.
-    entries: Mutex<HashMap<(String, Tz), Entry>>,
+    /// Per recipient and zone, one entry per set of matching rules (one for a policy without
+    /// match filters).
+    entries: Mutex<HashMap<(String, Tz), Vec<Entry>>>,
     generation: AtomicU64,
     enabled: AtomicBool,
     hits: AtomicU64,
@@ -95,6 +112,16 @@ impl DenyCache {
             })
     }
 
+    /// Whether an admission under `policy` must invalidate its recipient's cached denials: when
+    /// some recipient-scope rule has a match filter, a message matching other rules than a
+    /// cached one's can be admitted while that one is refused, and change rules both match.
+    pub fn admission_invalidates(policy: &Policy) -> bool {
+        policy.rules.iter().any(|r| {
+            r.scope == Scope::Recipient
+                && !(r.matcher.channels.is_empty() && r.matcher.categories.is_empty())
+        })
+    }
+
     /// Turns the cache on (the invalidation subscription is listening) or off (it is not:
     /// everything cached is dropped).
     pub fn enable(&self, on: bool) {
@@ -109,10 +136,12 @@ impl DenyCache {
         self.generation.load(Ordering::SeqCst)
     }
 
-    /// The cached verdicts for `message` at `now`, if its recipient is known to be full.
+    /// The cached verdicts for `message` (matching `rules`) at `now`, if its recipient is
+    /// known to be full for those rules.
     pub fn lookup(
         &self,
         message: &SendRequest,
+        rules: &[&Rule],
         zone: Tz,
         now: DateTime<Utc>,
     ) -> Option<Vec<Verdict>> {
@@ -120,7 +149,10 @@ impl DenyCache {
             return None;
         }
         let entries = self.entries.lock().ok()?;
-        let entry = entries.get(&(message.recipient.clone(), zone))?;
+        let entry = entries
+            .get(&(message.recipient.clone(), zone))?
+            .iter()
+            .find(|e| same_rules(e, rules))?;
         if now >= entry.until || entry.admitted.contains(&message.id) {
             return None;
         }
@@ -134,6 +166,7 @@ impl DenyCache {
     pub fn fill(
         &self,
         message: &SendRequest,
+        rules: &[&Rule],
         zone: Tz,
         now: DateTime<Utc>,
         until: DateTime<Utc>,
@@ -151,19 +184,27 @@ impl DenyCache {
             return;
         }
         if entries.len() >= MAX_ENTRIES {
-            entries.retain(|_, e| e.until > now);
+            entries.retain(|_, e| {
+                e.retain(|e| e.until > now);
+                !e.is_empty()
+            });
             if entries.len() >= MAX_ENTRIES {
                 entries.clear();
             }
         }
-        entries.insert(
-            (message.recipient.clone(), zone),
-            Entry {
-                until,
-                admitted,
-                verdicts,
-            },
-        );
+        let entry = Entry {
+            until,
+            admitted,
+            rules: rules.iter().map(|r| r.name.clone()).collect(),
+            verdicts,
+        };
+        let kept = entries
+            .entry((message.recipient.clone(), zone))
+            .or_default();
+        match kept.iter_mut().find(|e| same_rules(e, rules)) {
+            Some(old) => *old = entry,
+            None => kept.push(entry),
+        }
     }
 
     /// Forgets everything about `recipient` (in every zone).

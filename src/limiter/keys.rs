@@ -86,6 +86,13 @@ pub fn sent_key(namespace: &str, tag: &str) -> String {
     join(&[namespace, tag, "sent"])
 }
 
+/// The recipient's in-flight claims (a hash: message id -> holder and expiry; see
+/// [`crate::claim`]), under the recipient's hash tag so the decision script reads it with the
+/// quota.
+pub fn claims_key(namespace: &str, tag: &str) -> String {
+    join(&[namespace, tag, "claims"])
+}
+
 /// [`sent_key`] of `recipient`, for callers that do not hold the recipient's tag already.
 pub fn recipient_sent_key(namespace: &str, recipient: &str) -> String {
     sent_key(namespace, &scope_tag(&ScopeValue::Recipient(recipient)))

@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::Serialize;
 
+use crate::claim::Claim;
 use crate::message::SendRequest;
 use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
@@ -69,6 +70,10 @@ pub struct Evaluation {
     /// The message id holds an unexpired dispatch mark (see [`crate::sent`]): it went out
     /// before, nothing was decided and `verdicts` is empty. Only a committing evaluation looks.
     pub dispatched: bool,
+    /// Another delivery of the message id holds its in-flight claim (see [`crate::claim`]),
+    /// for this many more ms: nothing was decided and `verdicts` is empty. Only a claimed
+    /// evaluation looks.
+    pub in_flight: Option<i64>,
 }
 
 /// Runs policy rules against Redis state.
@@ -82,10 +87,13 @@ pub struct Limiter {
 /// A scope's rules with the keys and arguments of its script call.
 struct ScopeCall<'r> {
     rules: Vec<(usize, &'r Rule)>,
-    /// Two per rule, then the recipient's dispatch marks when `reads_marks`.
+    /// Two per rule, then the recipient's dispatch marks when `reads_marks`, then the
+    /// recipient's claims when `claims`.
     keys: Vec<String>,
     /// Whether the script first looks the message id up in the recipient's dispatch marks.
     reads_marks: bool,
+    /// Whether the script takes the message id's in-flight claim with the decision.
+    claims: bool,
     /// ARGV after NOW_MS, MESSAGE_ID and MODE (see lua/decide.lua): COST, RULE_COUNT, rules.
     rule_args: Vec<ScriptArg>,
     /// The script carrying the kinds of these rules.
@@ -107,12 +115,16 @@ impl ScopeCall<'_> {
         now: DateTime<Utc>,
         message_id: &str,
         mode: Mode,
+        claim: Option<&Claim>,
     ) -> redis::RedisResult<T> {
-        let bytes = self.keys.iter().map(String::len).sum::<usize>() + message_id.len();
+        let claim = claim.filter(|_| self.claims);
+        let bytes = self.keys.iter().map(String::len).sum::<usize>()
+            + message_id.len()
+            + claim.map_or(0, |c| c.token().len());
         let mut cmd = script::evalsha(
             self.script,
             self.keys.len(),
-            3 + self.rule_args.len(),
+            3 + self.rule_args.len() + if claim.is_some() { 2 } else { 0 },
             bytes,
         );
         for key in &self.keys {
@@ -126,6 +138,9 @@ impl ScopeCall<'_> {
                 ScriptArg::Text(text) => cmd.arg(text),
                 ScriptArg::Int(n) => cmd.arg(n),
             };
+        }
+        if let Some(claim) = claim {
+            cmd.arg(claim.token()).arg(claim.lease_ms());
         }
         script::call(self.script, &cmd, conn).await
     }
@@ -182,6 +197,32 @@ impl Limiter {
         now: DateTime<Utc>,
         commit: bool,
     ) -> Result<Evaluation, LimiterError> {
+        self.decide(policy, message, now, commit, None).await
+    }
+
+    /// Decides and commits `message` as [`Limiter::evaluate`] does, for the delivery holding
+    /// `claim`: nothing is decided while another delivery of the same id holds a live claim
+    /// ([`Evaluation::in_flight`]), and a message that may go out is claimed for this one, in
+    /// the same script call as its recipient-scope decision (a message without recipient-scope
+    /// rules is claimed by a call of its own first, and released when it is refused).
+    pub async fn evaluate_claimed(
+        &self,
+        policy: &Policy,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        claim: &Claim,
+    ) -> Result<Evaluation, LimiterError> {
+        self.decide(policy, message, now, true, Some(claim)).await
+    }
+
+    async fn decide(
+        &self,
+        policy: &Policy,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        commit: bool,
+        claim: Option<&Claim>,
+    ) -> Result<Evaluation, LimiterError> {
         let rules = policy.rules_for(message);
         let zone = message.zone(policy.default_zone);
         let cache = self
@@ -189,12 +230,13 @@ impl Limiter {
             .as_ref()
             .filter(|_| commit && DenyCache::eligible(&rules));
         if let Some(cache) = cache {
-            if let Some(verdicts) = cache.lookup(message, zone, now) {
+            if let Some(verdicts) = cache.lookup(message, &rules, zone, now) {
                 metrics::counter!(crate::telemetry::DENY_CACHE_HITS).increment(1);
                 return Ok(Evaluation {
                     verdicts,
                     committed: false,
                     dispatched: false,
+                    in_flight: None,
                 });
             }
         }
@@ -203,9 +245,18 @@ impl Limiter {
         let mut taken: Vec<ScopeCall<'_>> = Vec::new();
         let mut blocked = false;
         let mut conn = self.conn.clone();
-        let calls = self.scope_calls(&rules, message, now, zone, commit);
+        let calls = self.scope_calls(&rules, message, now, zone, commit, claim.is_some());
         let marks_read = calls.first().is_some_and(|c| c.reads_marks);
-        if commit && !marks_read && self.is_marked(message, now).await? {
+        // Without a recipient scope to take it with the decision, the claim is taken first.
+        let claimed_alone = claim.filter(|_| !marks_read);
+        if let Some(claim) = claimed_alone {
+            let reply = self.claim_op(message, now, claim, Mode::Claim).await?;
+            match reply.as_slice() {
+                [2] => return Ok(Evaluation::dispatched()),
+                [3, wait] => return Ok(Evaluation::in_flight(*wait)),
+                _ => {}
+            }
+        } else if commit && !marks_read && self.is_marked(message, now).await? {
             return Ok(Evaluation::dispatched());
         }
         for call in calls {
@@ -214,10 +265,16 @@ impl Limiter {
             } else {
                 Mode::Check
             };
-            let reply: ScopeReply = call.invoke(&mut conn, now, &message.id, mode).await?;
+            let reply: ScopeReply = call
+                .invoke(&mut conn, now, &message.id, mode, claim)
+                .await?;
             if reply.dispatched {
                 // Only the first call (the recipient scope) reads the marks: nothing taken yet.
                 return Ok(Evaluation::dispatched());
+            }
+            if let Some(wait) = reply.in_flight {
+                // Likewise only the first call reads the claims.
+                return Ok(Evaluation::in_flight(wait));
             }
             for (&(index, rule), raw) in call.rules.iter().zip(&reply.results) {
                 verdicts[index] = Some(verdict(rule, raw, zone, message.cost));
@@ -231,20 +288,26 @@ impl Limiter {
         if blocked {
             for call in &taken {
                 let _: redis::Value = call
-                    .invoke(&mut conn, now, &message.id, Mode::Refund)
+                    .invoke(&mut conn, now, &message.id, Mode::Refund, claim)
                     .await?;
             }
             if !taken.is_empty() {
                 self.announce_changed(&message.recipient).await?;
             }
+            if let Some(claim) = claimed_alone {
+                self.claim_op(message, now, claim, Mode::Release).await?;
+            }
         }
         let verdicts: Vec<Verdict> = verdicts.into_iter().flatten().collect();
         // A recipient no day has room for can still change: an id admitted before by some
-        // rules only (their windows differ) is admitted again and commits the others.
-        if commit
-            && !blocked
-            && verdicts.iter().any(|v| v.already)
+        // rules only (their windows differ) is admitted again and commits the others; and with
+        // filtered recipient rules, a message matching other rules is admitted (see
+        // `DenyCache::admission_invalidates`).
+        let admitted = commit && !blocked;
+        if admitted
             && verdicts.iter().any(|v| !v.already)
+            && (verdicts.iter().any(|v| v.already)
+                || (self.cache.is_some() && DenyCache::admission_invalidates(policy)))
         {
             self.announce_changed(&message.recipient).await?;
         }
@@ -258,7 +321,59 @@ impl Limiter {
             verdicts,
             committed: commit && !blocked,
             dispatched: false,
+            in_flight: None,
         })
+    }
+
+    /// Gives back everything `message` took under `policy` (every scope, as a cross-scope
+    /// refund does) and `claim`'s claim on it, for a message that will not go out after all
+    /// (quarantined). Rules it took nothing from are left as they are.
+    pub async fn refund(
+        &self,
+        policy: &Policy,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        claim: &Claim,
+    ) -> Result<(), LimiterError> {
+        let rules = policy.rules_for(message);
+        let zone = message.zone(policy.default_zone);
+        let calls = self.scope_calls(&rules, message, now, zone, true, true);
+        let mut conn = self.conn.clone();
+        for call in &calls {
+            let _: redis::Value = call
+                .invoke(&mut conn, now, &message.id, Mode::Refund, Some(claim))
+                .await?;
+        }
+        if !calls.first().is_some_and(|c| c.claims) {
+            self.claim_op(message, now, claim, Mode::Release).await?;
+        }
+        self.announce_changed(&message.recipient).await?;
+        Ok(())
+    }
+
+    /// Runs a claim-only mode of the decision script (`claim`, `renew`, `release`: no rules)
+    /// on `message`'s claim for `claim`'s delivery; the script's reply numbers.
+    pub(crate) async fn claim_op(
+        &self,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        claim: &Claim,
+        mode: Mode,
+    ) -> redis::RedisResult<Vec<i64>> {
+        let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
+        let call = ScopeCall {
+            rules: Vec::new(),
+            keys: vec![
+                keys::sent_key(&self.namespace, &tag),
+                keys::claims_key(&self.namespace, &tag),
+            ],
+            reads_marks: true,
+            claims: true,
+            rule_args: vec![ScriptArg::Int(0), ScriptArg::Int(0)],
+            script: script::script_for(KindSet::default()),
+        };
+        call.invoke(&mut self.conn.clone(), now, &message.id, mode, Some(claim))
+            .await
     }
 
     /// Whether `message` holds an unexpired dispatch mark, read on its own: for committing
@@ -349,6 +464,7 @@ impl Limiter {
         };
         cache.fill(
             message,
+            rules,
             zone,
             now,
             until.min(frozen),
@@ -446,6 +562,7 @@ impl Limiter {
         now: DateTime<Utc>,
         zone: Tz,
         marks: bool,
+        claims: bool,
     ) -> Vec<ScopeCall<'r>> {
         // A message has rules of one or two scopes: a vector is found faster than a map is
         // built (the map's node was about 2% of the worker's CPU per message).
@@ -481,11 +598,16 @@ impl Limiter {
                 if reads_marks {
                     rule_keys.push(keys::sent_key(&self.namespace, &tag));
                 }
+                let claims = reads_marks && claims;
+                if claims {
+                    rule_keys.push(keys::claims_key(&self.namespace, &tag));
+                }
                 let kinds = KindSet::of(rules.iter().map(|(_, r)| r.kind.name()));
                 ScopeCall {
                     rules,
                     keys: rule_keys,
                     reads_marks,
+                    claims,
                     rule_args,
                     script: script::script_for(kinds),
                 }
@@ -500,6 +622,16 @@ impl Evaluation {
             verdicts: Vec::new(),
             committed: false,
             dispatched: true,
+            in_flight: None,
+        }
+    }
+
+    fn in_flight(wait_ms: i64) -> Evaluation {
+        Evaluation {
+            verdicts: Vec::new(),
+            committed: false,
+            dispatched: false,
+            in_flight: Some(wait_ms),
         }
     }
 }

@@ -177,8 +177,14 @@ pub enum Mode {
     Check,
     /// Evaluate and, unless an enforcing rule refuses, consume.
     Commit,
-    /// Give back what the message took.
+    /// Give back what the message took, and the caller's claim on it.
     Refund,
+    /// Take the message's in-flight claim alone (no rules).
+    Claim,
+    /// Extend the caller's claim.
+    Renew,
+    /// Drop the caller's claim.
+    Release,
 }
 
 impl Mode {
@@ -187,6 +193,9 @@ impl Mode {
             Mode::Check => "check",
             Mode::Commit => "commit",
             Mode::Refund => "refund",
+            Mode::Claim => "claim",
+            Mode::Renew => "renew",
+            Mode::Release => "release",
         }
     }
 }
@@ -213,6 +222,9 @@ pub struct ScopeReply {
     pub committed: bool,
     /// The message id holds an unexpired dispatch mark: nothing was checked (no results).
     pub dispatched: bool,
+    /// Another delivery holds a live claim on the message id, for this many more ms: nothing
+    /// was checked (no results).
+    pub in_flight: Option<i64>,
     /// Each rule's result, in the order the rules were passed.
     pub results: Vec<RawResult>,
 }
@@ -225,6 +237,18 @@ impl FromRedisValue for ScopeReply {
         let mut items = items.into_iter();
         let (committed, dispatched) = match items.next() {
             Some(Value::Int(2)) => (false, true),
+            Some(Value::Int(3)) => {
+                let wait = match items.next() {
+                    Some(v) => i64::from_redis_value(v)?,
+                    None => return Err("decision script: {3} without a wait".into()),
+                };
+                return Ok(ScopeReply {
+                    committed: false,
+                    dispatched: false,
+                    in_flight: Some(wait),
+                    results: Vec::new(),
+                });
+            }
             Some(Value::Int(c)) => (c == 1, false),
             other => return Err(format!("decision script: bad committed flag {other:?}").into()),
         };
@@ -248,6 +272,7 @@ impl FromRedisValue for ScopeReply {
         Ok(ScopeReply {
             committed,
             dispatched,
+            in_flight: None,
             results,
         })
     }
@@ -267,8 +292,17 @@ mod tests {
 
     #[test]
     fn a_script_defines_only_the_prelude_helpers_something_in_it_calls() {
+        // The driver claims message ids (claim_of, server_ms, hold_claim, which call int and
+        // expire_in_at_least): every script keeps those.
+        const DRIVER_HELPERS: [&str; 5] = [
+            "int",
+            "expire_in_at_least",
+            "claim_of",
+            "server_ms",
+            "hold_claim",
+        ];
         let headline = source_for(KindSet::of(["calendar_quota"]));
-        assert_eq!(helpers(&headline), ["expire_in_at_least"]);
+        assert_eq!(helpers(&headline), DRIVER_HELPERS);
         // gcra calls remember, which calls expire_in_at_least: kept through remember.
         let (_, gcra_file) = KIND_SOURCES
             .iter()
@@ -283,12 +317,15 @@ mod tests {
                 "expire_in_at_least",
                 "ceil_div",
                 "admitted_at",
-                "remember"
+                "remember",
+                "claim_of",
+                "server_ms",
+                "hold_claim"
             ]
         );
         assert_eq!(
             helpers(&source_for(KindSet::of(["quiet_hours"]))),
-            [] as [&str; 0]
+            DRIVER_HELPERS
         );
         assert!(source_for(KindSet::ALL).starts_with(PRELUDE));
     }

@@ -463,7 +463,12 @@ async fn cleanup(
 ) {
     if let Ok(conn) = lapin_connect("sendquota-test-cleanup").await {
         if let Ok(ch) = conn.create_channel().await {
-            let mut queues = vec![names.requests.clone(), names.invalid.clone(), dispatched];
+            let mut queues = vec![
+                names.requests.clone(),
+                names.invalid.clone(),
+                names.quarantine.clone(),
+                dispatched,
+            ];
             queues.extend(DELAY_TIERS_MS.iter().map(|t| names.delay_queue(*t)));
             for q in queues {
                 let _ = ch
