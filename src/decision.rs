@@ -81,6 +81,26 @@ pub fn decide(verdicts: &[Verdict]) -> Outcome {
     }
 }
 
+impl Outcome {
+    /// This outcome with its `retry_after` (deny) or `until` (delay) moved to `admissible(t)`:
+    /// the refusing rules say when they would admit again, but a rule that admits now can
+    /// refuse then (a quiet period beginning at midnight), and a replay or a delayed message
+    /// sent at that instant would only be refused again.
+    pub fn postponed(self, admissible: impl Fn(DateTime<Utc>) -> DateTime<Utc>) -> Outcome {
+        match self {
+            Outcome::Deny { rule, retry_after } => Outcome::Deny {
+                rule,
+                retry_after: retry_after.map(admissible),
+            },
+            Outcome::Delay { rule, until } => Outcome::Delay {
+                rule,
+                until: admissible(until),
+            },
+            allow => allow,
+        }
+    }
+}
+
 impl OutcomeName {
     /// The name as printed and used as a metric label.
     pub fn as_str(self) -> &'static str {

@@ -173,7 +173,8 @@ impl Pipeline {
         for v in &evaluation.verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
         }
-        let outcome = decision::decide(&evaluation.verdicts);
+        let outcome = decision::decide(&evaluation.verdicts)
+            .postponed(|t| Limiter::admissible_after(&self.policy, &message, t));
         self.metrics.outcome(outcome.name().as_str());
         match outcome {
             Outcome::Allow { shadow_refusals } => {

@@ -209,3 +209,32 @@ async fn changing_a_rules_limits_keeps_its_counters() {
         .expect("evaluate");
     assert_eq!(third.verdicts[0].remaining, Some(1));
 }
+
+/// A denial's retry_after is an instant at which the message would be admitted: denied at
+/// 23:30 by the headline rule, whose day ends at midnight, while quiet hours run from 00:00 to
+/// 01:00, the message may go at 01:00, not at midnight (a replay `--due` then would only be
+/// refused again).
+#[tokio::test]
+async fn retry_after_skips_a_quiet_period_that_begins_when_the_refusal_ends() {
+    let config = format!(
+        "{HEADLINE}\n[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"00:00\"\nend = \"01:00\"\n"
+    );
+    let mut env = TestEnv::with_config(&config).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 22:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("n1", "nina", "UTC")).await;
+    assert!(env.outcome("n1", &mut seen).await);
+    clock.set(local("UTC", "2026-04-01 23:30"));
+    env.publish(&request("n2", "nina", "UTC")).await;
+    assert!(!env.outcome("n2", &mut seen).await);
+    env.stop_worker().await;
+    let denials = env.denials().await;
+    assert_eq!(denials.len(), 1);
+    assert_eq!(denials[0].rule, "headline");
+    assert_eq!(
+        denials[0].retry_after,
+        Some(local("UTC", "2026-04-02 01:00")),
+        "the first instant both rules admit"
+    );
+}

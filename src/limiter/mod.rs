@@ -351,6 +351,39 @@ impl Limiter {
         Ok(())
     }
 
+    /// The first instant at or after `t` that no enforcing quiet-hours rule matching `message`
+    /// keeps quiet, in the message's zone. Counting rules only free up as time passes (when
+    /// nothing else is sent meanwhile), so past the refusing rules' `retry_after` the quiet
+    /// periods are what can still refuse.
+    pub fn admissible_after(
+        policy: &Policy,
+        message: &SendRequest,
+        mut t: DateTime<Utc>,
+    ) -> DateTime<Utc> {
+        let zone = message.zone(policy.default_zone);
+        let quiet: Vec<_> = policy
+            .rules_for(message)
+            .into_iter()
+            .filter(|r| r.on_deny != OnDeny::Shadow)
+            .filter_map(|r| match &r.kind {
+                Kind::QuietHours(q) => Some(q),
+                _ => None,
+            })
+            .collect();
+        // Each step leaves a quiet period; overlapping periods chain, a few at most.
+        for _ in 0..=quiet.len() {
+            let ends = quiet
+                .iter()
+                .filter_map(|q| kinds::quiet_until(q, t, zone))
+                .max();
+            match ends {
+                Some(end) => t = end,
+                None => break,
+            }
+        }
+        t
+    }
+
     /// Runs a claim-only mode of the decision script (`claim`, `renew`, `release`: no rules)
     /// on `message`'s claim for `claim`'s delivery; the script's reply numbers.
     pub(crate) async fn claim_op(
