@@ -265,8 +265,18 @@ async fn denials(
             let next_after = (rows.len() as i64 == limit)
                 .then(|| rows.last().map(|d| d.id))
                 .flatten();
-            let denials: Vec<_> = rows.iter().map(|d| d.to_json()).collect();
-            Json(json!({ "denials": denials, "next_after": next_after })).into_response()
+            // A struct, not json!(): that would parse every stored request into a Value.
+            #[derive(serde::Serialize)]
+            struct Page<'a> {
+                denials: Vec<crate::denials::DenialJson<'a>>,
+                next_after: Option<i64>,
+            }
+            let denials = rows.iter().map(|d| d.to_json()).collect();
+            Json(Page {
+                denials,
+                next_after,
+            })
+            .into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }

@@ -479,9 +479,10 @@ async fn denials(settings: &Settings, args: DenialArgs) -> Result<(), CliError> 
 fn print_denials(rows: &[Denial], format: Format) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     let written = match format {
-        Format::Json => rows
-            .iter()
-            .try_for_each(|d| writeln!(out, "{}", d.to_json())),
+        Format::Json => rows.iter().try_for_each(|d| {
+            let line = serde_json::to_string(&d.to_json()).map_err(std::io::Error::other)?;
+            writeln!(out, "{line}")
+        }),
         Format::Csv => write_csv(&mut out, rows),
         Format::Table => write_table(&mut out, rows),
     };

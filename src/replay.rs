@@ -84,7 +84,7 @@ pub async fn replay(
                 let due = started + Duration::from_secs_f64((replayed + i) as f64 / rate);
                 tokio::time::sleep_until(due.into()).await;
             }
-            let body = serde_json::to_vec(&denial.message).unwrap_or_default();
+            let body = denial.message.text().as_bytes().to_vec();
             let properties = broker::json_properties(
                 Some(&denial.message_id),
                 &[(broker::REPLAY_OF_HEADER, denial.id.to_string())],

@@ -308,3 +308,60 @@ async fn a_replay_killed_midway_and_run_again_publishes_each_denial_once_more_at
     assert!(twice.len() <= 1, "published more than once: {twice:?}");
     assert!(env.denials().await.iter().all(|d| d.replayed_at.is_some()));
 }
+
+/// A payload number beyond f64 comes back as the producer wrote it, in `denials --format json`
+/// and in the replayed message (it came back as 1.2345678901234568e+29 when the history was
+/// read into floating point).
+#[tokio::test]
+async fn a_payload_number_beyond_f64_is_listed_and_replayed_as_written() {
+    const PAYLOAD: &str = r#"{"account":123456789012345678901234567890,"note":"x"}"#;
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&request("b1", "ben", "UTC")).await;
+    assert!(env.outcome("b1", &mut seen).await);
+    let body = format!(r#"{{"id":"b2","recipient":"ben","channel":"sms","payload":{PAYLOAD}}}"#);
+    env.publish_raw(body.as_bytes()).await;
+    assert!(!env.outcome("b2", &mut seen).await);
+
+    let config = classic_config(&env);
+    let listed = binary(&env, &config)
+        .args(["denials", "--format", "json"])
+        .output()
+        .expect("run denials");
+    let listed = String::from_utf8(listed.stdout).expect("utf-8");
+    assert!(
+        listed.contains(&format!(r#""payload":{PAYLOAD}"#)),
+        "the payload as written: {listed}"
+    );
+
+    clock.set(local("UTC", "2026-04-02 09:00"));
+    let store = DenialStore::from_pool(env.pool.clone());
+    let report = replay(
+        &store,
+        &env.publisher,
+        &env.names,
+        &options(1),
+        chrono::Utc::now,
+        |_| {},
+    )
+    .await
+    .expect("replay");
+    assert_eq!(report.replayed, 1);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let dispatched = loop {
+        let got = env.drain(&env.dispatched_queue).await;
+        if let Some(m) = got.into_iter().next() {
+            break String::from_utf8(m.delivery.data).expect("utf-8");
+        }
+        assert!(Instant::now() < deadline, "the replay was dispatched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    env.stop_worker().await;
+    let _ = std::fs::remove_file(&config);
+    assert!(
+        dispatched.contains(&format!(r#""payload":{PAYLOAD}"#)),
+        "the replayed payload as written: {dispatched}"
+    );
+}

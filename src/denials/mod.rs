@@ -184,31 +184,85 @@ pub struct Denial {
     pub replayed_at: Option<DateTime<Utc>>,
     /// The denial this one's message was a replay of.
     pub replay_of: Option<i64>,
-    /// The original request.
-    pub message: serde_json::Value,
+    /// The original request, as the JSON text the worker stored (its payload as the producer
+    /// wrote it).
+    #[sqlx(try_from = "String")]
+    pub message: StoredMessage,
+}
+
+/// A stored request's JSON text, kept as text: parsed into a `serde_json::Value`, numbers
+/// beyond f64 would change. Serialises as the JSON it holds.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct StoredMessage(Box<serde_json::value::RawValue>);
+
+impl StoredMessage {
+    /// The JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The request parsed, for readers that want fields (numbers may round).
+    pub fn value(&self) -> serde_json::Value {
+        serde_json::from_str(self.text()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl PartialEq for StoredMessage {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl TryFrom<String> for StoredMessage {
+    type Error = serde_json::Error;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        serde_json::value::RawValue::from_string(text).map(StoredMessage)
+    }
 }
 
 impl Denial {
-    /// The denial as one JSON object: a `denials --format json` line, an API list item.
-    pub fn to_json(&self) -> serde_json::Value {
+    /// The denial as one JSON object: a `denials --format json` line, an API list item. The
+    /// request is written as stored, so its payload comes back as the producer wrote it.
+    pub fn to_json(&self) -> DenialJson<'_> {
         let rfc3339 = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
-        serde_json::json!({
-            "id": self.id,
-            "message_id": self.message_id,
-            "recipient": self.recipient,
-            "channel": self.channel,
-            "category": self.category,
-            "rule": self.rule,
-            "kind": self.kind,
-            "reason": self.reason,
-            "shadow": self.shadow,
-            "denied_at": rfc3339(self.denied_at),
-            "retry_after": self.retry_after.map(rfc3339),
-            "replayed_at": self.replayed_at.map(rfc3339),
-            "replay_of": self.replay_of,
-            "message": self.message,
-        })
+        DenialJson {
+            id: self.id,
+            message_id: &self.message_id,
+            recipient: &self.recipient,
+            channel: &self.channel,
+            category: &self.category,
+            rule: &self.rule,
+            kind: &self.kind,
+            reason: &self.reason,
+            shadow: self.shadow,
+            denied_at: rfc3339(self.denied_at),
+            retry_after: self.retry_after.map(rfc3339),
+            replayed_at: self.replayed_at.map(rfc3339),
+            replay_of: self.replay_of,
+            message: &self.message,
+        }
     }
+}
+
+/// [`Denial::to_json`]'s shape.
+#[derive(Debug, Serialize)]
+pub struct DenialJson<'a> {
+    id: i64,
+    message_id: &'a str,
+    recipient: &'a str,
+    channel: &'a str,
+    category: &'a str,
+    rule: &'a str,
+    kind: &'a str,
+    reason: &'a str,
+    shadow: bool,
+    denied_at: String,
+    retry_after: Option<String>,
+    replayed_at: Option<String>,
+    replay_of: Option<i64>,
+    message: &'a StoredMessage,
 }
 
 /// Handle on the denials table.
@@ -302,7 +356,7 @@ impl DenialStore {
         let column = |f: fn(&DenialRow) -> &str| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
         // One statement, one implicit transaction: see migrations/*_denial_events.sql.
         let inserted: Vec<(String, String, String, Option<i64>)> = sqlx::query_as(
-            "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb[], $11, $12)",
+            "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(column(|r| &r.message_id))
         .bind(column(|r| &r.recipient))

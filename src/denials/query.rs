@@ -83,4 +83,5 @@ impl DenialFilter {
 
 /// The columns of a [`super::Denial`], in its field order.
 pub(super) const COLUMNS: &str = "id, message_id, recipient, channel, category, rule, kind, \
-    reason, shadow, retry_after, denied_at, replayed_at, replay_of, message";
+    reason, shadow, retry_after, denied_at, replayed_at, replay_of, \
+    COALESCE(message_text, message::text) AS message";

@@ -1,0 +1,48 @@
+-- The denied request is kept as the text the worker wrote, beside its jsonb: jsonb stores
+-- numbers as numeric and reorders keys, and a reader that parses it into floating point
+-- changed payloads (123456789012345678901234567890 came back as 1.2345678901234568e+29 in a
+-- replay and in `denials --format json`). The history and replays read the text; the jsonb
+-- stays for queries. Rows from before this migration have no text and fall back to the jsonb.
+ALTER TABLE denials ADD COLUMN message_text TEXT;
+
+-- As in 20261125000001_denial_identity_recipient.sql, the messages now passed as text.
+DROP FUNCTION denials_insert(TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], BOOLEAN[],
+    TIMESTAMPTZ[], JSONB[], TIMESTAMPTZ[], BIGINT[]);
+CREATE FUNCTION denials_insert(
+    message_ids  TEXT[],
+    recipients   TEXT[],
+    channels     TEXT[],
+    categories   TEXT[],
+    rules        TEXT[],
+    kinds        TEXT[],
+    reasons      TEXT[],
+    shadows      BOOLEAN[],
+    retry_afters TIMESTAMPTZ[],
+    messages     TEXT[],
+    denied_ats   TIMESTAMPTZ[],
+    replay_ofs   BIGINT[]
+) RETURNS TABLE (inserted_recipient TEXT, inserted_message_id TEXT, inserted_rule TEXT,
+    inserted_replay_of BIGINT)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    WITH batch AS (
+        SELECT * FROM unnest(message_ids, recipients, channels, categories, rules, kinds,
+            reasons, shadows, retry_afters, messages, denied_ats, replay_ofs)
+            AS t(message_id, recipient, channel, category, rule, kind, reason, shadow,
+                 retry_after, message, denied_at, replay_of)
+    ), claimed AS (
+        INSERT INTO denial_events (recipient, message_id, rule, replay_of, denied_at)
+        SELECT recipient, message_id, rule, COALESCE(replay_of, 0), denied_at FROM batch
+        ORDER BY 1, 2, 3, 4
+        ON CONFLICT DO NOTHING
+        RETURNING recipient, message_id, rule, replay_of
+    )
+    INSERT INTO denials (message_id, recipient, channel, category, rule, kind, reason,
+        shadow, retry_after, message, message_text, denied_at, replay_of)
+    SELECT b.message_id, b.recipient, b.channel, b.category, b.rule, b.kind, b.reason,
+        b.shadow, b.retry_after, b.message::jsonb, b.message, b.denied_at, b.replay_of
+    FROM batch b JOIN claimed c ON c.recipient = b.recipient AND c.message_id = b.message_id
+        AND c.rule = b.rule AND c.replay_of = COALESCE(b.replay_of, 0)
+    RETURNING denials.recipient, denials.message_id, denials.rule, denials.replay_of;
+END $$;
