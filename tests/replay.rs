@@ -67,6 +67,21 @@ fn options(batch: i64) -> ReplayOptions {
     }
 }
 
+/// Replays every replayable denial of `env` through its publisher, one per batch; how many.
+async fn replay_all(env: &TestEnv, store: &DenialStore) -> usize {
+    replay(
+        store,
+        &env.publisher,
+        &env.names,
+        &options(1),
+        chrono::Utc::now,
+        |_| {},
+    )
+    .await
+    .expect("replay")
+    .replayed
+}
+
 fn binary(env: &TestEnv, config: &std::path::Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
     cmd.args(["--config", config.to_str().expect("utf-8")])
@@ -100,17 +115,7 @@ async fn a_replayed_message_is_decided_again_and_a_new_denial_links_to_the_old_o
 
     // Replayed the same day: denied again, the new row names the one replayed.
     let store = DenialStore::from_pool(env.pool.clone());
-    let report = replay(
-        &store,
-        &env.publisher,
-        &env.names,
-        &options(1),
-        chrono::Utc::now,
-        |_| {},
-    )
-    .await
-    .expect("replay");
-    assert_eq!(report.replayed, 1);
+    assert_eq!(replay_all(&env, &store).await, 1);
     let deadline = Instant::now() + Duration::from_secs(10);
     while env.denials().await.len() < 2 {
         assert!(Instant::now() < deadline, "the replay was decided");
@@ -128,17 +133,7 @@ async fn a_replayed_message_is_decided_again_and_a_new_denial_links_to_the_old_o
 
     // The next day the replay of the second denial is dispatched.
     clock.set(local("UTC", "2026-04-02 09:00"));
-    let report = replay(
-        &store,
-        &env.publisher,
-        &env.names,
-        &options(1),
-        chrono::Utc::now,
-        |_| {},
-    )
-    .await
-    .expect("replay");
-    assert_eq!(report.replayed, 1);
+    assert_eq!(replay_all(&env, &store).await, 1);
     // m2 already has denial rows, so `outcome` would answer "denied" for it at once: wait for
     // its dispatch instead.
     env.dispatched("m2", &mut seen).await;
@@ -338,17 +333,7 @@ async fn a_payload_number_beyond_f64_is_listed_and_replayed_as_written() {
 
     clock.set(local("UTC", "2026-04-02 09:00"));
     let store = DenialStore::from_pool(env.pool.clone());
-    let report = replay(
-        &store,
-        &env.publisher,
-        &env.names,
-        &options(1),
-        chrono::Utc::now,
-        |_| {},
-    )
-    .await
-    .expect("replay");
-    assert_eq!(report.replayed, 1);
+    assert_eq!(replay_all(&env, &store).await, 1);
     let deadline = Instant::now() + Duration::from_secs(15);
     let dispatched = loop {
         let got = env.drain(&env.dispatched_queue).await;
