@@ -159,6 +159,16 @@ fn the_compose_file_runs_the_three_services_and_the_worker() {
         assert!(c["services"][service].is_mapping(), "{service}");
     }
     assert!(deploy("Dockerfile").exists());
+    // The broker's message size limit bounds the worker's memory for bodies.
+    let mount = c["services"]["rabbitmq"]["volumes"][0]
+        .as_str()
+        .expect("the rabbitmq config is mounted");
+    assert!(mount.starts_with("./rabbitmq/rabbitmq.conf:"), "{mount}");
+    let conf = std::fs::read_to_string(deploy("rabbitmq/rabbitmq.conf")).expect("rabbitmq.conf");
+    assert!(
+        conf.lines().any(|l| l.trim() == "max_message_size = 131072"),
+        "{conf}"
+    );
 }
 
 #[test]
