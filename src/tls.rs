@@ -168,6 +168,21 @@ impl TlsFiles {
     }
 }
 
+/// Postgres options for `url` with TLS only when asked for: by an `sslmode` in the URL or the
+/// `PGSSLMODE` variable. sqlx's own default is `prefer` (TLS, unverified, whenever the server
+/// offers it, as Debian's Postgres does); over TLS the worker's denial writes were several
+/// times slower (docs/performance.md), for an encryption that verifies nobody. Asked for,
+/// `require`, `verify-ca` and `verify-full` are as the URL says.
+pub fn postgres_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, sqlx::Error> {
+    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+    let asked = url.contains("sslmode=") || std::env::var_os("PGSSLMODE").is_some();
+    Ok(if asked {
+        options
+    } else {
+        options.ssl_mode(sqlx::postgres::PgSslMode::Disable)
+    })
+}
+
 fn read(path: &str, what: &'static str) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         what,
@@ -251,6 +266,24 @@ mod tests {
             format!("client_key_file {key} holds no PEM private key")
         );
         assert!(!message.contains("s3cret"));
+    }
+
+    #[test]
+    fn postgres_speaks_tls_only_when_the_url_asks() {
+        use sqlx::postgres::PgSslMode;
+        if std::env::var_os("PGSSLMODE").is_some() {
+            return; // the variable asks for a mode: nothing to default
+        }
+        let mode = |url: &str| postgres_options(url).unwrap().get_ssl_mode();
+        assert!(matches!(mode("postgres://u@h/db"), PgSslMode::Disable));
+        assert!(matches!(
+            mode("postgres://u@h/db?sslmode=require"),
+            PgSslMode::Require
+        ));
+        assert!(matches!(
+            mode("postgres://u@h/db?sslmode=verify-full"),
+            PgSslMode::VerifyFull
+        ));
     }
 
     #[test]

@@ -6,12 +6,11 @@
 mod query;
 mod writer;
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::config::DatabaseSettings;
@@ -275,7 +274,7 @@ impl DenialStore {
     /// Opens a pool with an acquire timeout and a server-side statement timeout, so neither a
     /// dead connection nor a stuck query can hold the worker.
     pub async fn connect(settings: &DatabaseSettings) -> Result<DenialStore, DenialError> {
-        let options = PgConnectOptions::from_str(&settings.url)
+        let options = crate::tls::postgres_options(&settings.url)
             .map_err(|e| DenialError::Url(e.to_string()))?;
         let options = settings.tls.postgres(options).options([(
             "statement_timeout",
