@@ -4,22 +4,35 @@
 //! - (a1) ceiling: the calendar_quota decision script driven by a bare pipelined redis-rs loop
 //!   (the exact EVALSHA the limiter sends for the headline rule), decisions/s;
 //! - (a2) ceiling: a no-work relay through RabbitMQ from a quorum queue to the dispatch
-//!   exchange (prefetch 1000, publisher confirms and acks handled concurrently), msgs/s;
+//!   exchange (prefetch 1000, publisher confirms and acks handled concurrently), msgs/s. It
+//!   keeps its own prefetch whatever the worker's: it is the broker's and the client's best,
+//!   and a ceiling lowered to the worker's setting would flatter (c)'s ratio;
 //! - (b) the decision path (`Limiter::evaluate`, commit, no broker): the headline rule alone and
 //!   with two more kinds, against (a1);
-//! - (c) the worker binary end to end (quorum queue, half dispatched and half denied, prefetch
-//!   and concurrency 1000 like the relay), against (a2), with p50/p99 decision latency from its
-//!   /metrics histogram; run twice like the relay, each run timed from the worker's readiness
-//!   as the relay times itself from its open channels;
+//! - (c) the worker binary end to end (quorum queue, half dispatched and half denied), at its
+//!   DEFAULT settings (prefetch and concurrency from src/config.rs; `--worker-prefetch N` sets
+//!   both to N to measure a candidate default), against (a2), with p50/p99 decision latency
+//!   from its /metrics histogram; run twice like the relay, each run timed from the worker's
+//!   readiness as the relay times itself from its open channels. The binary is this package's,
+//!   or the one `SENDQUOTA_PERF_WORKER_BIN=/path/to/sendquota` names (another build of the
+//!   worker, an older commit's), so that one bench binary drives both sides of an A/B;
 //! - (d) the worker's CPU per message and peak RSS, beside the floor under it: the same broker
-//!   work (the worker's publisher and settler, half the messages published, coalesced acks)
-//!   with nothing decided, run in this process between the two runs of (c);
+//!   work (the worker's publisher and settler, half the messages published, coalesced acks, the
+//!   worker's prefetch and concurrency) with nothing decided, run in this process between the
+//!   two runs of (c);
 //! - (e) Redis memory per active recipient, and the decision rate over 1,000,000 recipients
 //!   against 10,000 (both pools drawn from 1,000,000 pre-populated recipients' keys);
 //! - (f) a hot-recipient workload: new messages to 100 recipients whose whole window is full,
 //!   so every one is denied, decided by the decision path without and with the in-process deny
 //!   cache, against each other (target: over 1.5x) and against the bare pipelined EVALSHA loop
-//!   on the same denials (the Redis ceiling for denials, which the cache should exceed).
+//!   on the same denials (the Redis ceiling for denials, which the cache should exceed);
+//! - (g) publish-to-dispatch latency at half the maximum rate: the worker (same binary and
+//!   settings as (c)) on an empty namespace, requests published at half of (c)'s rate, paced
+//!   every 2 ms, for `--latency-seconds` (after a 1 s warm-up that is not counted), each
+//!   carrying its publish instant in its payload (`sent_ns`) and each admitted (distinct
+//!   recipients); a consumer on the dispatch sink takes receive minus publish instant: p50,
+//!   p99 and max against 20 ms for the p99. Before it, the same with the relay of (a2) in the
+//!   worker's place: the broker's (and this process's) share of that latency.
 //!
 //! Besides, every phase reports the CPU time each process spent per operation (this process,
 //! Redis and the part of it executing scripts, RabbitMQ, Postgres, the worker, everything
@@ -31,7 +44,8 @@
 //!
 //! `cargo bench --bench perf -- [--decisions N] [--concurrency C] [--pipeline P] [--in-flight F]
 //! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]
-//! [--hot-recipients H] [--hot-decisions N]`
+//! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]`
+//! (cargo runs the bench executable as `perf-HASH --bench ARGS`; it can be run so directly).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -109,8 +123,13 @@ const RSS_MAX_MIB: f64 = 100.0;
 const BYTES_MAX_PER_RECIPIENT: f64 = 200.0;
 const SCALE_MAX_LOSS: f64 = 0.10;
 const DENY_CACHE_MIN_SPEEDUP: f64 = 1.5;
-/// Prefetch of the relay ceiling (a2), and the worker's prefetch and concurrency in (c).
+/// Prefetch of the relay ceiling (a2). The worker of (c) runs at its own settings.
 const E2E_PREFETCH: u16 = 1000;
+const LATENCY_MAX_P99_MS: f64 = 20.0;
+/// (g) publishes every PACE, as many requests as are due by then.
+const PACE: Duration = Duration::from_millis(2);
+/// (g) publishes this long at its rate before the counted part.
+const LATENCY_WARM_UP: Duration = Duration::from_secs(1);
 /// How often (c) asks the starting worker whether it is ready.
 const READY_POLL: Duration = Duration::from_millis(1);
 
@@ -126,6 +145,9 @@ struct Args {
     sample: usize,
     hot_recipients: usize,
     hot_decisions: usize,
+    /// 0: the worker's defaults.
+    worker_prefetch: usize,
+    latency_seconds: usize,
 }
 
 fn args() -> Args {
@@ -141,6 +163,8 @@ fn args() -> Args {
         sample: 1_000,
         hot_recipients: 100,
         hot_decisions: 200_000,
+        worker_prefetch: 0,
+        latency_seconds: 10,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -156,12 +180,15 @@ fn args() -> Args {
             "--sample" => &mut out.sample,
             "--hot-recipients" => &mut out.hot_recipients,
             "--hot-decisions" => &mut out.hot_decisions,
+            "--worker-prefetch" => &mut out.worker_prefetch,
+            "--latency-seconds" => &mut out.latency_seconds,
             "--bench" => continue,
             other => {
                 eprintln!(
                     "unknown argument {other}; flags: --decisions --concurrency --pipeline \
                      --in-flight --messages --recipients --small-recipients --pool-decisions \
-                     --sample --hot-recipients --hot-decisions (each takes a whole number)"
+                     --sample --hot-recipients --hot-decisions --worker-prefetch \
+                     --latency-seconds (each takes a whole number)"
                 );
                 std::process::exit(2)
             }
@@ -186,6 +213,10 @@ fn args() -> Args {
     out.pool_decisions = (out.pool_decisions.min(cap) / round).max(1) * round;
     // Each side of (f) decides in SLICES equal slices.
     out.hot_decisions = out.hot_decisions.div_ceil(SLICES) * SLICES;
+    if u16::try_from(out.worker_prefetch).is_err() {
+        eprintln!("--worker-prefetch takes at most {}", u16::MAX);
+        std::process::exit(2)
+    }
     out
 }
 
@@ -756,11 +787,11 @@ async fn prepublish(env: &TestEnv, bodies: &[Vec<u8>], label: &str) {
     }
 }
 
-/// A channel on `conn` with the prefetch of (a2) and (c), for consuming.
-async fn prefetching_channel(conn: &lapin::Connection) -> lapin::Channel {
+/// A channel on `conn` with prefetch `prefetch`, for consuming.
+async fn prefetching_channel(conn: &lapin::Connection, prefetch: u16) -> lapin::Channel {
     let channel = conn.create_channel().await.expect("channel");
     channel
-        .basic_qos(E2E_PREFETCH, lapin::options::BasicQosOptions::default())
+        .basic_qos(prefetch, lapin::options::BasicQosOptions::default())
         .await
         .expect("qos");
     channel
@@ -805,7 +836,7 @@ type RelayOne = std::pin::Pin<Box<dyn std::future::Future<Output = lapin::Result
 /// Returns the elapsed time.
 async fn relay(names: Names, n: usize) -> Duration {
     let (conn, publish_conn) = connection_pair("sendquota-perf-relay").await;
-    let consume = prefetching_channel(&conn).await;
+    let consume = prefetching_channel(&conn, E2E_PREFETCH).await;
     let publish = publish_conn.create_channel().await.expect("channel");
     publish
         .confirm_select(lapin::options::ConfirmSelectOptions::default())
@@ -865,17 +896,18 @@ async fn relay(names: Names, n: usize) -> Duration {
 /// [`Settler`], one task per delivery under a semaphore of the worker's concurrency, every
 /// other delivery published (publisher-confirmed, mandatory) to the dispatch exchange as the
 /// worker dispatches half in (c), every delivery acked through the settler once its outcome
-/// is done. No Redis, no Postgres, no decoding: what is left of (d) once the decisions, the
+/// is done; the prefetch and concurrency those of the worker in (c) (`(prefetch, concurrency)`).
+/// No Redis, no Postgres, no decoding: what is left of (d) once the decisions, the
 /// denial rows and the dispatch marks are taken away. Runs on a runtime like [`relay`].
 /// Returns the elapsed time.
-async fn broker_floor(names: Names, n: usize) -> Duration {
+async fn broker_floor(names: Names, n: usize, (prefetch, concurrency): (u16, usize)) -> Duration {
     let (conn, publish_conn) = connection_pair("sendquota-perf-floor").await;
     let publisher = Publisher::open(&publish_conn)
         .await
         .expect("publisher channel");
-    let consume = prefetching_channel(&conn).await;
+    let consume = prefetching_channel(&conn, prefetch).await;
     let (settler, settling) = Settler::spawn(consume.clone());
-    let slots = Arc::new(Semaphore::new(usize::from(E2E_PREFETCH)));
+    let slots = Arc::new(Semaphore::new(concurrency));
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut progress = Progress::new("d floor: broker work alone", n);
     let began = Instant::now();
@@ -919,10 +951,19 @@ async fn broker_floor(names: Names, n: usize) -> Duration {
     elapsed
 }
 
-/// (d) floor once: [`broker_phase`] with [`broker_floor`]; half the bodies must reach the sink.
-async fn floor_run(env: &TestEnv, bodies: &[Vec<u8>], procs: &Procs, tally: &mut Tally) {
+/// (d) floor once: [`broker_phase`] with [`broker_floor`] at `worker`'s prefetch and
+/// concurrency; half the bodies must reach the sink.
+async fn floor_run(
+    env: &TestEnv,
+    bodies: &[Vec<u8>],
+    procs: &Procs,
+    tally: &mut Tally,
+    worker: &WorkerChoice,
+) {
     let m = bodies.len();
-    let (_, routed) = broker_phase(env, bodies, procs, tally, "d floor", m / 2, broker_floor).await;
+    let shape = worker.in_progress();
+    let floor = move |names, n| broker_floor(names, n, shape);
+    let (_, routed) = broker_phase(env, bodies, procs, tally, "d floor", m / 2, floor).await;
     assert!(
         routed >= m / 2,
         "the floor run lost messages: {routed} of {} routed",
@@ -941,7 +982,7 @@ async fn broker_phase<F>(
     tally: &mut Tally,
     label: &str,
     published: usize,
-    phase: fn(Names, usize) -> F,
+    phase: impl FnOnce(Names, usize) -> F,
 ) -> (Duration, usize)
 where
     F: std::future::Future<Output = Duration> + Send + 'static,
@@ -992,22 +1033,108 @@ async fn empty_broker_queues(env: &TestEnv) {
 // ---------------------------------------------------------------------------------------------
 // The worker binary.
 
-/// Stops the child worker when dropped (also on panic).
-struct WorkerProcess(Child);
+/// The worker binary (c), (d) and (g) run, and its settings.
+struct WorkerChoice {
+    /// `SENDQUOTA_PERF_WORKER_BIN` when set, else this package's binary.
+    bin: String,
+    /// `--worker-prefetch`: amqp.prefetch and worker.concurrency; `None` = the worker's defaults.
+    prefetch: Option<u16>,
+}
+
+impl WorkerChoice {
+    fn new(args: &Args) -> WorkerChoice {
+        WorkerChoice {
+            bin: std::env::var("SENDQUOTA_PERF_WORKER_BIN")
+                .ok()
+                .filter(|bin| !bin.is_empty())
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_sendquota").to_owned()),
+            prefetch: u16::try_from(args.worker_prefetch).ok().filter(|&p| p > 0),
+        }
+    }
+
+    /// The worker's prefetch and concurrency: `--worker-prefetch`, else the defaults of this
+    /// build's src/config.rs (another binary's are assumed the same).
+    fn in_progress(&self) -> (u16, usize) {
+        match self.prefetch {
+            Some(p) => (p, usize::from(p)),
+            None => (
+                sendquota::config::AmqpSettings::default().prefetch,
+                sendquota::config::WorkerSettings::default().concurrency,
+            ),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let (prefetch, concurrency) = self.in_progress();
+        let whence = if self.prefetch.is_some() {
+            "--worker-prefetch"
+        } else {
+            "defaults"
+        };
+        format!("prefetch {prefetch}, concurrency {concurrency} ({whence})")
+    }
+
+    /// Starts the worker on `env`'s namespace, its clock fixed at [`WORKER_NOW`], and waits
+    /// until it is ready (consuming, with Redis and Postgres reachable: `/readyz` answers).
+    /// Returns it and its admin port.
+    async fn start(&self, env: &TestEnv) -> (WorkerProcess, u16) {
+        let config = std::env::temp_dir().join(format!("{}-perf.toml", env.namespace));
+        // The default queue type, said anyway: (a2) and the floor use a quorum queue.
+        let mut toml = "[amqp]\nqueue_type = \"quorum\"\n".to_owned();
+        if let Some(p) = self.prefetch {
+            toml += &format!("prefetch = {p}\n\n[worker]\nconcurrency = {p}\n");
+        }
+        std::fs::write(&config, toml).expect("write config");
+        let port = free_port();
+        let child = Command::new(&self.bin)
+            .args([
+                "--config",
+                config.to_str().expect("utf-8 path"),
+                "worker",
+                "--now",
+                WORKER_NOW,
+            ])
+            .env("SENDQUOTA_NAMESPACE", &env.namespace)
+            .env("SENDQUOTA_REDIS_URL", support::redis_url())
+            .env("SENDQUOTA_AMQP_URL", support::amqp_url())
+            .env("SENDQUOTA_DATABASE_URL", &env.database_url)
+            .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SENDQUOTA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start the worker binary {}: {e}", self.bin));
+        let worker = WorkerProcess { child, config };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_get(port, "/readyz").await.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the worker was not ready after 30 s"
+            );
+            tokio::time::sleep(READY_POLL).await;
+        }
+        (worker, port)
+    }
+}
+
+/// Stops the child worker and removes its config file when dropped (also on panic).
+struct WorkerProcess {
+    child: Child,
+    config: std::path::PathBuf,
+}
 
 impl WorkerProcess {
     fn pid(&self) -> u32 {
-        self.0.id()
+        self.child.id()
     }
 
     /// SIGTERM, then wait for it to drain and exit.
     fn stop(mut self) {
         let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
+            .args(["-TERM", &self.child.id().to_string()])
             .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
+            if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -1017,10 +1144,11 @@ impl WorkerProcess {
 
 impl Drop for WorkerProcess {
     fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
+        let _ = std::fs::remove_file(&self.config);
     }
 }
 
@@ -1292,50 +1420,22 @@ fn thread_ticks(pid: u32) -> BTreeMap<String, (u64, u64)> {
 }
 
 /// (c)/(d): the worker binary decides `n` queued requests.
-async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, tally: &mut Tally) -> EndToEnd {
-    let config = std::env::temp_dir().join(format!("{}-perf.toml", env.namespace));
-    // The relay ceiling's prefetch, and as many deliveries in progress: with the defaults (256)
-    // the worker idles about a tenth of the time waiting for deliveries.
-    let toml = format!(
-        "[amqp]\nqueue_type = \"quorum\"\nprefetch = {E2E_PREFETCH}\n\n[worker]\nconcurrency = {E2E_PREFETCH}\n"
-    );
-    std::fs::write(&config, toml).expect("write config");
-    let port = free_port();
+async fn end_to_end(
+    env: &TestEnv,
+    n: usize,
+    procs: &Procs,
+    tally: &mut Tally,
+    choice: &WorkerChoice,
+) -> EndToEnd {
     let commands_before = support::command_stats(&mut procs.conn.clone()).await;
     let before = procs.snap(None).await;
     let began = Instant::now();
-    let worker = WorkerProcess(
-        Command::new(env!("CARGO_BIN_EXE_sendquota"))
-            .args([
-                "--config",
-                config.to_str().expect("utf-8 path"),
-                "worker",
-                "--now",
-                WORKER_NOW,
-            ])
-            .env("SENDQUOTA_NAMESPACE", &env.namespace)
-            .env("SENDQUOTA_REDIS_URL", support::redis_url())
-            .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-            .env("SENDQUOTA_DATABASE_URL", &env.database_url)
-            .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{port}"))
-            .env("SENDQUOTA_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start the worker binary"),
-    );
+    // Ready: the point the relay's own timer starts from (its connection and channels open,
+    // about to consume).
+    let (worker, port) = choice.start(env).await;
     let pid = worker.pid();
-    let mut progress = Progress::new("c worker end to end", n);
-    // The worker is ready once it consumes with Redis and Postgres reachable: the point the
-    // relay's own timer starts from (its connection and channels open, about to consume).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http_get(port, "/readyz").await.is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the worker was not ready after 30 s"
-        );
-        tokio::time::sleep(READY_POLL).await;
-    }
     let ready = began.elapsed();
+    let mut progress = Progress::new("c worker end to end", n);
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let done = outcomes(env, n).await;
@@ -1381,7 +1481,6 @@ async fn end_to_end(env: &TestEnv, n: usize, procs: &Procs, tally: &mut Tally) -
     commands.sort_by(|a, b| b.2.total_cmp(&a.2));
     let metrics = http_get(port, "/metrics").await.unwrap_or_default();
     worker.stop();
-    let _ = std::fs::remove_file(&config);
     tally.add(before, after, n, 0, elapsed);
     if metrics.is_empty() {
         eprintln!("[c] warning: could not scrape /metrics on port {port}");
@@ -1489,13 +1588,185 @@ const SLICES: usize = 4;
 
 /// (c) once: a fresh namespace, the bodies queued, the worker binary run over them until each
 /// has its outcome, the namespace's keys purged.
-async fn worker_run(bodies: &[Vec<u8>], procs: &Procs, tally: &mut Tally) -> EndToEnd {
+async fn worker_run(
+    bodies: &[Vec<u8>],
+    procs: &Procs,
+    tally: &mut Tally,
+    worker: &WorkerChoice,
+) -> EndToEnd {
     let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
     prepublish(&env, bodies, "c pre-publish").await;
-    let e2e = end_to_end(&env, bodies.len(), procs, tally).await;
-    let mut conn = multiplexed().await;
-    purge(&mut conn, &format!("{}:*", env.namespace), "c cleanup").await;
+    let e2e = end_to_end(&env, bodies.len(), procs, tally, worker).await;
+    purge_namespace(&env, "c cleanup").await;
     e2e
+}
+
+/// What (g) measured.
+struct Latency {
+    /// Publish-to-dispatch latency of each counted message that reached the sink, in
+    /// nanoseconds, sorted.
+    samples: Vec<u64>,
+    /// Counted messages published, and per second while they were.
+    counted: usize,
+    achieved: f64,
+}
+
+impl Latency {
+    /// The q-quantile of the samples (nearest rank), in seconds.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let rank = ((q * self.samples.len() as f64).ceil() as usize).max(1);
+        self.samples.get(rank - 1).map(|&ns| ns as f64 / 1e9)
+    }
+}
+
+/// What passes (g)'s requests from the requests queue to the dispatch exchange.
+enum Hop<'a> {
+    /// The worker binary.
+    Worker(&'a WorkerChoice),
+    /// The no-work relay of (a2), in this process: the broker's and the client's share of the
+    /// latency, the floor under the worker's.
+    Relay,
+}
+
+/// (g) once: `hop` on a fresh namespace, requests published at `rate` msgs/s (paced every
+/// [`PACE`], publisher-confirmed, on this process's connection) for [`LATENCY_WARM_UP`] and
+/// then `seconds` more, each to a new recipient (so each is dispatched) and carrying in its
+/// payload its sequence number and its publish instant (`sent_ns`, since `origin`); a consumer
+/// of the dispatch sink takes each arrival's instant minus that. The CPU used meanwhile is
+/// charged to `tally`.
+async fn latency_run(
+    hop: Hop<'_>,
+    rate: f64,
+    seconds: usize,
+    procs: &Procs,
+    tally: &mut Tally,
+) -> Latency {
+    let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+    let warm = (rate * LATENCY_WARM_UP.as_secs_f64()).ceil() as usize;
+    let total = warm + (rate * seconds as f64).ceil() as usize;
+    let origin = Instant::now();
+    let arrivals = sink_latencies(&env, origin, total).await;
+    let (process, relaying) = match hop {
+        Hop::Worker(worker) => (Some(worker.start(&env).await.0), None),
+        Hop::Relay => {
+            let relaying = on_worker_runtime(relay(env.names.clone(), total));
+            (None, Some(tokio::spawn(relaying)))
+        }
+    };
+    let pid = process.as_ref().map(WorkerProcess::pid);
+    let before = procs.snap(pid).await;
+    let mut progress = Progress::new(&format!("g publish at {rate:.0} msgs/s"), total);
+    let mut ticks = tokio::time::interval(PACE);
+    let mut confirms = FuturesUnordered::new();
+    let (mut sent, mut counted_from, mut last_sent) = (0usize, None, Instant::now());
+    let began = Instant::now();
+    while sent < total || !confirms.is_empty() {
+        tokio::select! {
+            Some(confirm) = confirms.next(), if !confirms.is_empty() => {
+                let confirm: Result<(), sendquota::broker::BrokerError> = confirm;
+                confirm.expect("publish request");
+            }
+            _ = ticks.tick(), if sent < total => {
+                let due = ((began.elapsed().as_secs_f64() * rate) as usize).min(total);
+                for i in sent..due {
+                    if i == warm {
+                        counted_from = Some(Instant::now());
+                    }
+                    let mut body = request(&format!("g{i}"), &format!("g{i}"), "UTC");
+                    body["payload"] = serde_json::json!({
+                        "template": "t",
+                        "seq": i,
+                        "sent_ns": origin.elapsed().as_nanos() as u64,
+                    });
+                    let publisher = env.publisher.clone();
+                    let exchange = env.names.requests.clone();
+                    confirms.push(async move {
+                        let body = body.to_string().into_bytes();
+                        publisher
+                            .publish(&exchange, "", &body, BasicProperties::default())
+                            .await
+                    });
+                }
+                last_sent = Instant::now();
+                progress.add(due - sent);
+                sent = due;
+            }
+        }
+    }
+    let arrived = arrivals.await.expect("sink consumer");
+    let after = procs.snap(pid).await;
+    tally.add(before, after, total, arrived.len(), began.elapsed());
+    if let Some(relaying) = relaying {
+        let relayed = relaying.await.expect("relay task");
+        relayed.unwrap_or_else(|e| panic!("g relay: {e}"));
+    }
+    if let Some(process) = process {
+        process.stop();
+    }
+    purge_namespace(&env, "g cleanup").await;
+    let mut samples: Vec<u64> = arrived
+        .into_iter()
+        .filter(|&(seq, _)| seq >= warm)
+        .map(|(_, ns)| ns)
+        .collect();
+    samples.sort_unstable();
+    let counted = total - warm;
+    let publishing = counted_from.map_or(Duration::ZERO, |t| last_sent.duration_since(t));
+    Latency {
+        samples,
+        counted,
+        achieved: counted as f64 / publishing.as_secs_f64().max(PACE.as_secs_f64()),
+    }
+}
+
+/// Consumes `env`'s dispatch sink (no acks) until `total` requests arrived or none came for
+/// 10 s; yields each one's (`seq`, arrival minus `sent_ns`) from its payload, in nanoseconds
+/// since `origin`.
+async fn sink_latencies(
+    env: &TestEnv,
+    origin: Instant,
+    total: usize,
+) -> tokio::task::JoinHandle<Vec<(usize, u64)>> {
+    let channel = env.amqp.create_channel().await.expect("channel");
+    let mut consumer = channel
+        .basic_consume(
+            env.dispatched_queue.as_str().into(),
+            "sendquota-perf-latency".into(),
+            lapin::options::BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume the sink");
+    tokio::spawn(async move {
+        let mut arrived = Vec::with_capacity(total);
+        let mut progress = Progress::new("g dispatched", total);
+        while arrived.len() < total {
+            let Ok(Some(delivery)) =
+                tokio::time::timeout(Duration::from_secs(10), consumer.next()).await
+            else {
+                eprintln!("[g] the sink received {} of {total}", arrived.len());
+                break;
+            };
+            let now = origin.elapsed().as_nanos() as u64;
+            let delivery = delivery.expect("sink delivery");
+            let body: serde_json::Value =
+                serde_json::from_slice(&delivery.data).expect("dispatched body is JSON");
+            let field = |name: &str| body["payload"][name].as_u64().expect("payload field");
+            arrived.push((field("seq") as usize, now.saturating_sub(field("sent_ns"))));
+            progress.add(1);
+        }
+        drop(channel);
+        arrived
+    })
+}
+
+/// Removes the Redis keys of `env`'s namespace.
+async fn purge_namespace(env: &TestEnv, label: &str) {
+    let mut conn = multiplexed().await;
+    purge(&mut conn, &format!("{}:*", env.namespace), label).await;
 }
 
 /// (a2) once: queue the bodies, relay them, check they all reached the sink, empty it and
@@ -1543,6 +1814,8 @@ async fn main() {
         args.hot_decisions,
         args.hot_recipients
     );
+    let worker = WorkerChoice::new(&args);
+    eprintln!("perf: worker binary {}, {}", worker.bin, worker.describe());
     let mut lines: Vec<Line> = Vec::new();
     let mut usage: Vec<CpuUse> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -1714,11 +1987,11 @@ async fn main() {
     // (c) and (d), the worker binary end to end, run twice like the relay, in the order a2 c
     // floor floor c a2: drifting background load falls on the ceiling and on (c) alike.
     let mut c_tally = Tally::default();
-    let first_worker = worker_run(&bodies, &procs, &mut c_tally).await;
+    let first_worker = worker_run(&bodies, &procs, &mut c_tally, &worker).await;
     let mut floor = Tally::default();
-    floor_run(&relay_env, &bodies, &procs, &mut floor).await;
-    floor_run(&relay_env, &bodies, &procs, &mut floor).await;
-    let second_worker = worker_run(&bodies, &procs, &mut c_tally).await;
+    floor_run(&relay_env, &bodies, &procs, &mut floor, &worker).await;
+    floor_run(&relay_env, &bodies, &procs, &mut floor, &worker).await;
+    let second_worker = worker_run(&bodies, &procs, &mut c_tally, &worker).await;
     let e2e = first_worker.merge(second_worker);
     let (second_relay, returned_second, extra_second) =
         relay_run(&relay_env, &bodies, &procs, &mut a2).await;
@@ -1757,8 +2030,8 @@ async fn main() {
         "(a2)",
         Some(c / a2_rate),
         &format!(
-            ">= {:.0}% (runs: {}; {} dispatched, {} denied; prefetch {E2E_PREFETCH}; from \
-             readiness; from spawn {c_spawn:.0} msgs/s, {:.0}%)",
+            ">= {:.0}% (runs: {}; {} dispatched, {} denied; {}; from readiness; from spawn \
+             {c_spawn:.0} msgs/s, {:.0}%)",
             END_TO_END_MIN_RATIO * 100.0,
             e2e.runs
                 .iter()
@@ -1767,6 +2040,7 @@ async fn main() {
                 .join(" / "),
             e2e.dispatched,
             e2e.denied,
+            worker.describe(),
             c_spawn / a2_rate * 100.0
         ),
         Some(c / a2_rate >= END_TO_END_MIN_RATIO),
@@ -1858,6 +2132,58 @@ async fn main() {
         ms(e2e.dispatch.quantile(0.99)),
         ms(e2e.denial_write.quantile(0.5)),
         ms(e2e.denial_write.quantile(0.99)),
+    ));
+
+    // (g) Latency at half the rate (c) reached: the worker not saturated, as in service; the
+    // relay of (a2) at the same rate first, the broker's share of it.
+    let mut g_relay = Tally::default();
+    let floor = latency_run(
+        Hop::Relay,
+        c / 2.0,
+        args.latency_seconds,
+        &procs,
+        &mut g_relay,
+    )
+    .await;
+    usage.push(cpu_use(
+        &procs,
+        "g relay at half (c)'s rate, paced",
+        &g_relay,
+    ));
+    let mut g = Tally::default();
+    let hop = Hop::Worker(&worker);
+    let latency = latency_run(hop, c / 2.0, args.latency_seconds, &procs, &mut g).await;
+    usage.push(cpu_use(&procs, "g worker at half (c)'s rate, paced", &g));
+    let p99 = latency.quantile(0.99);
+    let complete = latency.samples.len() == latency.counted;
+    let detail = |l: &Latency| {
+        format!(
+            "max {}; {} of {} dispatched at {:.0} msgs/s = {:.0}% of (c), {} s after {} s \
+             warm-up",
+            ms(l.quantile(1.0)),
+            l.samples.len(),
+            l.counted,
+            l.achieved,
+            l.achieved / c * 100.0,
+            args.latency_seconds,
+            LATENCY_WARM_UP.as_secs()
+        )
+    };
+    lines.push(line(
+        "(g) publish-to-dispatch latency p50 / p99",
+        format!("{} / {}", ms(latency.quantile(0.5)), ms(p99)),
+        "target",
+        p99.map(|p| p * 1e3 / LATENCY_MAX_P99_MS),
+        &format!("p99 <= {LATENCY_MAX_P99_MS:.0} ms ({})", detail(&latency)),
+        Some(complete && p99.is_some_and(|p| p * 1e3 <= LATENCY_MAX_P99_MS)),
+    ));
+    lines.push(line(
+        "(g) floor: the no-work relay, p50 / p99",
+        format!("{} / {}", ms(floor.quantile(0.5)), ms(floor.quantile(0.99))),
+        "",
+        None,
+        &format!("info: the broker's share ({})", detail(&floor)),
+        None,
     ));
 
     // (e) Scale. Pre-populate the recipients' headline keys with the bare loop, one send each
@@ -2298,6 +2624,7 @@ async fn main() {
          recipients",
         started.elapsed().as_secs()
     );
+    println!("worker: {} ({})", worker.bin, worker.describe());
     println!(
         "{:<50} {:>18} {:>9} {:>6}  target / detail",
         "figure", "value", "vs", "ratio"
@@ -2361,12 +2688,6 @@ async fn main() {
             "warning: other processes used over 15% of the machine during: {}; those figures \
              are understated",
             disturbed.join(", ")
-        );
-    }
-    if !sendquota::cli::LIFO_SLOT_DISABLED {
-        println!(
-            "warning: {}; (c) and (d) are not the figures of a normal build",
-            sendquota::cli::LIFO_SLOT_KEPT
         );
     }
     println!();

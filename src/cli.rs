@@ -260,33 +260,13 @@ pub fn start(cli: Cli) -> Result<(), CliError> {
 /// A multi-threaded tokio runtime with `threads` worker threads (0 = one per CPU, or as
 /// `TOKIO_WORKER_THREADS` says). Also used by the perf bench, so that what it measures beside
 /// the worker runs on the same shape of runtime.
-///
-/// The runtime has no LIFO slot when built with `--cfg tokio_unstable` (the repository's
-/// `.cargo/config.toml` sets it). With the slot, a task woken by the running task runs next,
-/// ahead of every task already queued: each decision task that hands its EVALSHA to redis-rs
-/// wakes the connection's writer, which then writes that one command before the next decision
-/// task has run, one system call per command. Without it the writer runs after the queued
-/// decisions and sends their commands together (measured in the perf bench's end-to-end run:
-/// 0.92 write calls per message with the slot, 0.15 without; see README, "Dependencies beyond
-/// the chosen stack").
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if threads > 0 {
         builder.worker_threads(threads);
     }
-    #[cfg(tokio_unstable)]
-    builder.disable_lifo_slot();
     builder.enable_all().build()
 }
-
-/// Whether [`runtime`] runs without a LIFO slot, i.e. this build had `--cfg tokio_unstable`;
-/// the worker warns at start-up and the perf bench says so when it did not.
-pub const LIFO_SLOT_DISABLED: bool = cfg!(tokio_unstable);
-
-/// What the worker's start-up warning and the perf bench say when [`LIFO_SLOT_DISABLED`] is
-/// false.
-pub const LIFO_SLOT_KEPT: &str = "built without --cfg tokio_unstable (a RUSTFLAGS variable \
-     replaces .cargo/config.toml): the runtime keeps its LIFO slot";
 
 async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
     match cli.command {
@@ -305,9 +285,6 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
                 }
                 None => None,
             };
-            if !LIFO_SLOT_DISABLED {
-                tracing::warn!("{LIFO_SLOT_KEPT} and writes Redis commands one at a time");
-            }
             // On a runtime worker thread, not the main thread: deliveries are then handed to
             // their tasks without waking another thread for each one.
             let running = tokio::spawn(async move {
@@ -720,44 +697,4 @@ fn write_csv(out: &mut impl Write, rows: &[Denial]) -> std::io::Result<()> {
         writeln!(out, "{}", cells.join(","))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::Mutex;
-
-    /// The order in which two tasks run: `woken`, woken by the running task, and `spawned`,
-    /// spawned by it afterwards. A LIFO slot runs the newest first; a plain queue, in order.
-    fn run_order() -> Vec<&'static str> {
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let log = order.clone();
-        runtime(1).expect("runtime").block_on(async move {
-            tokio::spawn(async move {
-                let (wake, woken) = tokio::sync::oneshot::channel::<()>();
-                let first = log.clone();
-                let waiting = tokio::spawn(async move {
-                    let _ = woken.await;
-                    first.lock().expect("log").push("woken");
-                });
-                // `waiting` runs once and parks on the channel.
-                tokio::task::yield_now().await;
-                let _ = wake.send(());
-                let spawned = tokio::spawn(async move {
-                    log.lock().expect("log").push("spawned");
-                });
-                waiting.await.expect("woken task");
-                spawned.await.expect("spawned task");
-            })
-            .await
-            .expect("outer task");
-        });
-        let order = order.lock().expect("log").clone();
-        order
-    }
-
-    #[test]
-    fn the_runtime_runs_a_woken_task_in_its_turn_instead_of_ahead_of_the_queue() {
-        assert_eq!(run_order(), ["woken", "spawned"]);
-    }
 }

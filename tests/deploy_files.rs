@@ -166,7 +166,8 @@ fn the_compose_file_runs_the_three_services_and_the_worker() {
     assert!(mount.starts_with("./rabbitmq/rabbitmq.conf:"), "{mount}");
     let conf = std::fs::read_to_string(deploy("rabbitmq/rabbitmq.conf")).expect("rabbitmq.conf");
     assert!(
-        conf.lines().any(|l| l.trim() == "max_message_size = 131072"),
+        conf.lines()
+            .any(|l| l.trim() == "max_message_size = 131072"),
         "{conf}"
     );
 }
