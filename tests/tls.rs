@@ -326,8 +326,14 @@ async fn dispatch_and_deny_over_tls(mutual: bool, cluster: bool) {
             .collect();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(dispatched, ["tls-1"]);
-    assert_eq!(denied, [("tls-2".to_owned(), "headline".to_owned())]);
+    // Both are decided at once (default concurrency): either may be the day's one message.
+    assert_eq!(dispatched.len(), 1, "one dispatched: {dispatched:?}");
+    let other = if dispatched[0] == "tls-1" {
+        "tls-2"
+    } else {
+        "tls-1"
+    };
+    assert_eq!(denied, [(other.to_owned(), "headline".to_owned())]);
 
     let redis = RedisConn::connect(&connections.redis())
         .await
