@@ -12,13 +12,13 @@
 //!   -> worker (ack only after that; retry with backoff on any service failure)
 //! ```
 //!
-//! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store`
-//! (the Redis connection, single or cluster, through redis-rs), `tls` (certificate files and
-//! the process's one rustls crypto provider), `broker` (RabbitMQ through lapin: connections,
-//! topology and confirmed publishing), `sent` (dispatch marks that stop a redelivery from being sent twice), `claim` (in-flight
-//! claims: one delivery of a message id at a time),
-//! `denials` (the Postgres history operators query), `quarantine` (the operator's side of
-//! the quarantine queue), `cli` (the `sendquota` command).
+//! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store` (the Redis
+//! connection, single or cluster, through redis-rs), `tls` (certificate files and the process's one
+//! rustls crypto provider), `broker` (RabbitMQ through lapin: connections, topology and confirmed
+//! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice), `claim`
+//! (in-flight claims: one delivery of a message id at a time), `denials` (the Postgres history
+//! operators query), `quarantine` (the operator's side of the quarantine queue), `cli` (the
+//! `sendquota` command).
 
 pub mod acks;
 pub mod admin;

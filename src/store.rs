@@ -1,11 +1,11 @@
 //! The Redis connection: one server or a cluster, behind one type.
 //!
-//! Both are redis-rs multiplexed connections (a `ConnectionManager` on one server, which
-//! reconnects by itself; cluster-async on a cluster), so concurrent script calls from many
-//! tasks are pipelined on one socket. A command in flight when a link drops fails; the caller
-//! retries the message, as after any Redis failure. `rediss://` URLs speak TLS with the
-//! certificate files of [`RedisSettings::tls`]. Scripts are always called by EVALSHA that loads the script and repeats the call on
-//! NOSCRIPT (see `limiter::script::call`), so a Redis restart or failover that forgets
+//! Both are redis-rs multiplexed connections (a `ConnectionManager` on one server, which reconnects
+//! by itself; cluster-async on a cluster), so concurrent script calls from many tasks are pipelined
+//! on one socket. A command in flight when a link drops fails; the caller retries the message, as
+//! after any Redis failure. `rediss://` URLs speak TLS with the certificate files of
+//! [`RedisSettings::tls`]. Scripts are always called by EVALSHA that loads the script and repeats
+//! the call on NOSCRIPT (see `limiter::script::call`), so a Redis restart or failover that forgets
 //! scripts costs one reload.
 
 use std::time::Duration;
