@@ -67,7 +67,7 @@ use redis::Value;
 use sendquota::acks::Settler;
 use sendquota::broker::{Names, Publisher};
 use sendquota::config::{QueueType, Settings};
-use sendquota::limiter::calendar::{day_number, day_start};
+use sendquota::limiter::calendar::{day_number, day_start, window_reach};
 use sendquota::limiter::deny_cache::DenyCache;
 use sendquota::limiter::keys::{ids_key, recipient_sent_key, rule_key, scope_tag};
 use sendquota::limiter::script::{script_for, source_for, KindSet};
@@ -606,9 +606,16 @@ impl LuaLoop {
         at: DateTime<Utc>,
         recipient: impl Fn(usize) -> usize,
     ) -> (usize, Duration) {
+        // The worker's arguments for the headline rule (lua/calendar_quota.lua) in UTC.
         let today = day_number(at, chrono_tz::UTC);
         let at_ms = at.timestamp_millis();
-        let expire_ms = (day_start(today + 7, chrono_tz::UTC) - at).num_milliseconds();
+        let day_begin = day_start(today, chrono_tz::UTC)
+            .timestamp_millis()
+            .to_string();
+        let window_begin = day_start(today - 6, chrono_tz::UTC)
+            .timestamp_millis()
+            .to_string();
+        let reach = window_reach(7).num_milliseconds();
         let today = today.to_string();
         let end = range.end;
         let began = Instant::now();
@@ -633,12 +640,15 @@ impl LuaLoop {
                         .arg(1)
                         .arg("calendar_quota")
                         .arg("1")
-                        .arg("5")
+                        .arg("8")
                         .arg(&today)
+                        .arg(&day_begin)
+                        .arg(&window_begin)
                         .arg(1)
                         .arg(3)
                         .arg(7)
-                        .arg(expire_ms - i as i64);
+                        .arg(at_ms + i as i64 - reach)
+                        .arg(reach);
                 }
                 let mut conn = self.conn.clone();
                 async move { pipe.query_async::<Vec<Value>>(&mut conn).await }

@@ -1,31 +1,40 @@
 -- calendar_quota.lua: at most PER_DAY sends per local calendar day and PER_WINDOW sends per
--- WINDOW_DAYS local days (the window ends today, inclusive).
+-- WINDOW_DAYS local days (the window ends today, inclusive), judged in the zone of the message
+-- being decided.
 --
--- KEYS: the rule's key, a sorted set: member = message id, score = local day number of the
---       day the message was admitted on (it holds the ids itself; the ids key is unused).
--- ARGV (this rule's slice): TODAY (local day number, computed by the worker with chrono-tz),
---       PER_DAY, PER_WINDOW, WINDOW_DAYS, EXPIRE_IN (ms from now until day TODAY + WINDOW_DAYS
---       begins in UTC-12, the last zone to reach it: when today's entry stops mattering in
---       every zone the recipient may move to).
--- Reply: {allowed, already, remaining, retry_day, 0}: remaining = sends still allowed after
---       this one (or now, when denied or already admitted); retry_day = the first local day
---       number on which a send would be allowed, -1 when allowed.
+-- KEYS: the rule's key, a sorted set: member = message id, score = the instant (worker ms) the
+--       message was admitted at (it holds the ids itself; the ids key is unused). Sends are
+--       kept as instants, not as day numbers of the zone they were decided in, so one
+--       recipient has one history whichever zones its messages carry: a message counts every
+--       earlier send that falls on its own local day and window.
+--       Keys written before instants were kept score a local day number instead (below
+--       LEGACY_BELOW); those entries count on that day number in every zone until they expire.
+-- ARGV (this rule's slice): TODAY (local day number, for legacy entries), DAY_BEGIN (ms, the
+--       first instant of today in the message's zone), WINDOW_BEGIN (ms, the first instant of
+--       the window's first day), PER_DAY, PER_WINDOW, WINDOW_DAYS, FORGET_BEFORE (ms: no
+--       zone's window reaches an entry older than this), KEEP_MS (how long the key must live
+--       after an admission: until FORGET_BEFORE passes the new entry).
+-- Reply: {allowed, already, remaining, retry, day_full}: remaining = sends still allowed
+--       after this one (or now, when denied or already admitted). When denied: retry = the
+--       score of the in-window entry whose leaving the window makes room (-1 when the window
+--       has room), day_full = 1 when today is full; the worker turns these into the first
+--       instant with room in the message's zone (src/limiter/kinds.rs).
 --
--- Entries older than the window are ignored when reading and removed when committing, so an id
--- is recognised as already admitted exactly while its entry is inside the window. A denied
--- attempt writes nothing.
+-- Entries no zone still counts are removed when committing, never one some zone still counts,
+-- and an id is recognised as already admitted exactly while its entry is inside the window. A
+-- denied attempt writes nothing.
 
--- Sends counted against day `day` among `entries`, the key's ZRANGE WITHSCORES reply: {entries
--- on that day, entries in the window ending that day}. Entries older than today's window never
--- count: every day asked about is today or later.
-local function calendar_usage(entries, day, days)
-  local on_day, in_window = 0, 0
-  for i = 2, #entries, 2 do
-    local s = tonumber(entries[i])
-    if s == day then on_day = on_day + 1 end
-    if s > day - days then in_window = in_window + 1 end
+-- Scores below this are local day numbers (legacy entries), above it instants in ms: a day
+-- number this large is 270,000 years away, an instant this small is 1970-01-02.
+local LEGACY_BELOW = 100000000
+
+-- Whether an entry scored `s` counts in the window and on today: instants from the window's
+-- and the day's first instants, legacy day numbers from the window's first day and today.
+local function counts(s, first, today, window_begin, day_begin)
+  if s < LEGACY_BELOW then
+    return s >= first, s >= today
   end
-  return on_day, in_window
+  return s >= window_begin, s >= day_begin
 end
 
 -- Redis's Lua is an interpreter that allocates every table and formats every number handed to
@@ -34,22 +43,27 @@ end
 -- the reply's five), and passes ARGV strings to Redis as they came.
 KINDS.calendar_quota = {
   check = function(key, _, args, ctx)
-    local today, per_day, per_window, days =
-      tonumber(args[1]), tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+    local today, day_begin, window_begin = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
+    local per_day, per_window, days = tonumber(args[4]), tonumber(args[5]), tonumber(args[6])
+    local forget_before = tonumber(args[7])
     local first = today - days + 1
+    -- Legacy entries are forgotten a day later than the window's first day: local dates on
+    -- Earth differ by up to two days at one instant.
+    local forget_day = first - 2
     -- The set holds at most a window's admissions plus a few stale ones, so reading all of
     -- it is the cheapest read.
     local entries = redis.call('ZRANGE', key, '0', '-1', 'WITHSCORES')
-    local on_day, in_window, stale, newest, admitted = 0, 0, 0, today, false
+    local on_day, in_window, stale, admitted = 0, 0, 0, false
     for i = 1, #entries, 2 do
       local s = tonumber(entries[i + 1])
-      if s < first then
-        stale = stale + 1
-      else
+      local in_w, on_d = counts(s, first, today, window_begin, day_begin)
+      if in_w then
         in_window = in_window + 1
-        if s == today then on_day = on_day + 1 end
-        if s > newest then newest = s end
+        if on_d then on_day = on_day + 1 end
         if entries[i] == ctx.id then admitted = true end
+      end
+      if (s < LEGACY_BELOW and s < forget_day) or (s >= LEGACY_BELOW and s < forget_before) then
+        stale = stale + 1
       end
     end
     local left = math.min(per_day - on_day, per_window - in_window)
@@ -57,37 +71,38 @@ KINDS.calendar_quota = {
       return {1, 1, math.max(left, 0), -1, 0}
     end
     if left > 0 then
-      -- For commit (which decide.lua runs only after check): the newest day once today's
-      -- entry is in, since entries before the window only ever leave; how many entries are
-      -- stale; and whether the key is created anew (no entry stays inside the window).
-      -- Redis replies with the array part only, so these fields stay out of the reply.
-      return {1, 0, left - 1, -1, 0, newest = newest, stale = stale, fresh = in_window == 0}
+      -- For commit (which decide.lua runs only after check): how many entries are stale, and
+      -- whether the key is created anew (every entry it holds is stale). Redis replies with
+      -- the array part only, so these fields stay out of the reply.
+      return {1, 0, left - 1, -1, 0, stale = stale, fresh = stale * 2 == #entries}
     end
-    -- Walk forward day by day until both limits have room; entries never leave the set on
-    -- their own, so the walk ends once the newest entry is outside the window.
-    for day = today + 1, newest + days do
-      local d, w = calendar_usage(entries, day, days)
-      if d < per_day and w < per_window then
-        return {0, 0, 0, day, 0}
+    local retry = -1
+    if in_window >= per_window then
+      -- Entries come oldest first (legacy day numbers sort before instants, and were written
+      -- before them): room opens when the k-th oldest in-window entry leaves the window.
+      local k = in_window - per_window + 1
+      for i = 1, #entries, 2 do
+        local s = tonumber(entries[i + 1])
+        if counts(s, first, today, window_begin, day_begin) then
+          k = k - 1
+          if k == 0 then
+            retry = s
+            break
+          end
+        end
       end
     end
-    return {0, 0, 0, newest + days, 0}
+    return {0, 0, 0, retry, on_day >= per_day and 1 or 0}
   end,
 
   commit = function(key, _, args, ctx, seen)
-    local today = tonumber(args[1])
     if seen.stale > 0 then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (today - tonumber(args[4]) + 1))
+      local forget_day = tonumber(args[1]) - tonumber(args[6]) - 1
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. int(forget_day))
+      redis.call('ZREMRANGEBYSCORE', key, LEGACY_BELOW, '(' .. args[7])
     end
-    redis.call('ZADD', key, args[1], ctx.id)
-    -- An entry scored after today (the recipient's zone moved west) keeps the key one more
-    -- day of UTC-12 (24 hours) per day it is ahead.
-    local ahead = seen.newest - today
-    if ahead > 0 then
-      expire_in_at_least(key, tonumber(args[5]) + ahead * 86400000, seen.fresh)
-    else
-      expire_in_at_least(key, args[5], seen.fresh)
-    end
+    redis.call('ZADD', key, ctx.now_arg, ctx.id)
+    expire_in_at_least(key, args[8], seen.fresh)
   end,
 
   refund = function(key, _, _, ctx)

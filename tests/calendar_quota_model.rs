@@ -1,9 +1,12 @@
 //! Property test: `lua/calendar_quota.lua` in real Redis against a plain Rust model of the
 //! rule, over random sequences of (time, zone, message id) with repeated ids, dry runs mixed
-//! in: the same decision, remaining and retry_after at every step, and no key without expiry.
-//! After every admission the key must outlive its newest entry in every zone: until that day
-//! plus the window begins in the westernmost zone (UTC-12), whichever zone the recipient has
-//! now, since a recipient who moves west still counts the entry there.
+//! in, and a recipient whose messages change zones from one step to the next: the same
+//! decision, remaining and retry_after at every step, and no key without expiry. The model
+//! never forgets a send, so the script, which does, must only forget sends no zone counts any
+//! more. After every admission the key must live as long as its newest entry counts anywhere.
+//! Then the cases from the field: two zones on one day, and an admission in one zone next to
+//! a send only a zone further west still counts; and keys written before sends were kept as
+//! instants (local day numbers) still counting after the upgrade.
 
 mod support;
 
@@ -12,18 +15,21 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
-use sendquota::limiter::calendar::{day_number, day_start, DayNumber};
+use sendquota::limiter::calendar::{day_number, day_start, window_reach, DayNumber};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
 use sendquota::policy::{CalendarQuota, Kind, Match, OnDeny, Policy, Rule, Scope};
 
-/// The rule as a specification: a send is admitted on local day T when fewer than `per_day`
-/// admitted sends are on day T and fewer than `per_window` are on days after T - window.
-/// An id admitted within the window is recognised and consumes nothing again. When a send is
-/// admitted, sends that have left the window are forgotten.
+/// The rule as a specification, for one recipient whose messages may carry any zone: a send is
+/// admitted at instant `now` in zone Z when, in Z's calendar, fewer than `per_day` admitted
+/// sends are at or after the first instant of today, and fewer than `per_window` at or after
+/// the first instant of the window's first day (today and the `window - 1` days before it).
+/// An id whose latest admission falls in that window is recognised and consumes nothing
+/// again. Nothing is ever forgotten.
 struct Model {
     q: CalendarQuota,
-    admitted: BTreeMap<String, DayNumber>,
+    /// Each id's latest admission.
+    admitted: BTreeMap<String, DateTime<Utc>>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -34,38 +40,37 @@ struct Decision {
 }
 
 impl Model {
-    fn usage(&self, day: DayNumber) -> (i64, i64) {
+    /// Sends counted on local day `day` of `zone`: (since the day began, since its window began).
+    fn usage(&self, day: DayNumber, zone: Tz) -> (i64, i64) {
         let window = i64::from(self.q.window_days);
-        let on_day = self.admitted.values().filter(|&&d| d == day).count() as i64;
-        let in_window = self
-            .admitted
-            .values()
-            .filter(|&&d| d > day - window)
-            .count() as i64;
-        (on_day, in_window)
+        let day_begin = day_start(day, zone);
+        let window_begin = day_start(day - window + 1, zone);
+        let since = |from| self.admitted.values().filter(|&&t| t >= from).count() as i64;
+        (since(day_begin), since(window_begin))
     }
 
-    fn has_room(&self, day: DayNumber) -> bool {
-        let (on_day, in_window) = self.usage(day);
+    fn has_room(&self, day: DayNumber, zone: Tz) -> bool {
+        let (on_day, in_window) = self.usage(day, zone);
         on_day < i64::from(self.q.per_day) && in_window < i64::from(self.q.per_window)
     }
 
-    fn decide(&mut self, id: &str, today: DayNumber, zone: Tz, commit: bool) -> Decision {
+    fn decide(&mut self, id: &str, now: DateTime<Utc>, zone: Tz, commit: bool) -> Decision {
         let window = i64::from(self.q.window_days);
-        let (on_day, in_window) = self.usage(today);
+        let today = day_number(now, zone);
+        let (on_day, in_window) = self.usage(today, zone);
         let left =
             (i64::from(self.q.per_day) - on_day).min(i64::from(self.q.per_window) - in_window);
-        if self.admitted.get(id).is_some_and(|&d| d > today - window) {
+        let window_begin = day_start(today - window + 1, zone);
+        if self.admitted.get(id).is_some_and(|&t| t >= window_begin) {
             return Decision {
                 allowed: true,
                 remaining: left.max(0),
                 retry_after: None,
             };
         }
-        if self.has_room(today) {
+        if self.has_room(today, zone) {
             if commit {
-                self.admitted.retain(|_, d| *d > today - window);
-                self.admitted.insert(id.to_owned(), today);
+                self.admitted.insert(id.to_owned(), now);
             }
             return Decision {
                 allowed: true,
@@ -74,7 +79,7 @@ impl Model {
             };
         }
         let next = (today + 1..)
-            .find(|&d| self.has_room(d))
+            .find(|&d| self.has_room(d, zone))
             .expect("room on some later day");
         Decision {
             allowed: false,
@@ -84,7 +89,7 @@ impl Model {
     }
 }
 
-const ZONES: [&str; 8] = [
+const ZONES: [&str; 9] = [
     "UTC",
     "America/New_York",
     "Europe/London",
@@ -93,6 +98,7 @@ const ZONES: [&str; 8] = [
     "Pacific/Kiritimati",
     "America/Santiago",
     "Pacific/Pago_Pago",
+    "Etc/GMT+12",
 ];
 
 const STARTS: [&str; 3] = [
@@ -111,7 +117,8 @@ struct Step {
 
 fn step() -> impl Strategy<Value = Step> {
     (
-        0i64..=2 * 24 * 60,
+        // Mostly hours apart, so that messages in different zones meet on one day.
+        prop_oneof![3 => 0i64..=12 * 60, 1 => 0i64..=2 * 24 * 60],
         0..ZONES.len(),
         0usize..6,
         prop::bool::weighted(0.85),
@@ -198,21 +205,18 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
                     remaining: v.remaining.expect("calendar_quota counts"),
                     retry_after: v.retry_after,
                 };
-                let want = model.decide(&id, day_number(now, zone), zone, s.commit);
+                let want = model.decide(&id, now, zone, s.commit);
                 prop_assert_eq!(got, want, "step {} at {} in {}: {:?}", i, now, zone, s);
                 prop_assert_eq!(eval.committed, s.commit && v.allowed);
                 if eval.committed {
-                    let newest = model.admitted.values().max().copied().expect("admitted");
-                    let west = chrono_tz::Etc::GMTPlus12;
-                    let needed = day_start(newest + i64::from(q.window_days), west) - now;
+                    let needed = window_reach(q.window_days);
                     let ttl = pttl(&redis, &key).await;
                     // The clock runs on between the commit and PTTL: 5 s covers a slow machine.
                     prop_assert!(
                         ttl >= needed.num_milliseconds() - 5_000,
-                        "step {}: key expires in {} ms, its newest entry (day {}) counts for {} ms",
+                        "step {}: key expires in {} ms, its newest entry counts for {} ms",
                         i,
                         ttl,
-                        newest,
                         needed.num_milliseconds()
                     );
                 }
@@ -234,4 +238,160 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// One recipient's messages decided with the limiter against real Redis, one rule `q`.
+struct Recipient {
+    rt: tokio::runtime::Runtime,
+    redis: sendquota::store::RedisConn,
+    limiter: Limiter,
+    namespace: String,
+    name: String,
+    policy: Policy,
+}
+
+impl Recipient {
+    fn new(q: CalendarQuota) -> Recipient {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let redis = rt.block_on(support::connect_redis(&support::single_settings()));
+        let namespace = support::unique("sqtzones");
+        Recipient {
+            limiter: Limiter::new(redis.clone(), &namespace),
+            rt,
+            redis,
+            namespace,
+            name: "pat".to_owned(),
+            policy: Policy {
+                default_zone: chrono_tz::UTC,
+                rules: vec![Rule {
+                    name: "cq".to_owned(),
+                    kind: Kind::CalendarQuota(q),
+                    matcher: Match::default(),
+                    scope: Scope::Recipient,
+                    on_deny: OnDeny::Drop,
+                }],
+            },
+        }
+    }
+
+    /// Decides and commits message `id` at `at` in `zone` (`None`: no timezone field, so the
+    /// policy's default, UTC): whether it was admitted, and its retry_after.
+    fn send(&self, id: &str, at: &str, zone: Option<&str>) -> (bool, Option<DateTime<Utc>>) {
+        let mut body = support::request(id, &self.name, zone.unwrap_or("UTC"));
+        if zone.is_none() {
+            body.as_object_mut().expect("object").remove("timezone");
+        }
+        let message = SendRequest::decode(body.to_string().as_bytes(), 1 << 16).expect("valid");
+        let at: DateTime<Utc> = at.parse().expect("instant");
+        let eval = self
+            .rt
+            .block_on(self.limiter.evaluate(&self.policy, &message, at, true))
+            .expect("evaluate");
+        (eval.verdicts[0].allowed, eval.verdicts[0].retry_after)
+    }
+
+    /// Writes entries the way the version before instants did: scored by local day number.
+    fn legacy_entries(&self, entries: &[(&str, &str)]) {
+        let key = format!("{}:{{r:{}}}:cq:calendar_quota", self.namespace, self.name);
+        for (id, date) in entries {
+            let at: DateTime<Utc> = format!("{date}T12:00:00Z").parse().expect("date");
+            let day = day_number(at, chrono_tz::UTC);
+            let _: i64 = self
+                .rt
+                .block_on(
+                    redis::cmd("ZADD")
+                        .arg(&key)
+                        .arg(day)
+                        .arg(*id)
+                        .query_async(&mut self.redis.clone()),
+                )
+                .expect("zadd");
+        }
+    }
+}
+
+impl Drop for Recipient {
+    fn drop(&mut self) {
+        self.rt.block_on(support::delete_keys(
+            &mut self.redis.clone(),
+            &format!("{}:*", self.namespace),
+        ));
+    }
+}
+
+fn headline() -> CalendarQuota {
+    CalendarQuota {
+        per_day: 1,
+        per_window: 3,
+        window_days: 7,
+    }
+}
+
+fn utc(s: &str) -> DateTime<Utc> {
+    s.parse().expect("instant")
+}
+
+#[test]
+fn two_zones_never_give_one_recipient_two_sends_on_one_local_day() {
+    // 11:00Z on May 1 is 01:00 on May 2 in Kiritimati (+14) and 11:00 on May 1 in UTC: the
+    // first send is on the UTC message's own day either way round.
+    for (first, second) in [
+        (Some("Pacific/Kiritimati"), Some("UTC")),
+        (Some("Pacific/Kiritimati"), None),
+        (None, Some("Pacific/Kiritimati")),
+    ] {
+        let r = Recipient::new(headline());
+        assert!(r.send("k-1", "2026-05-01T11:00:00Z", first).0, "{first:?}");
+        let (allowed, _) = r.send("u-1", "2026-05-01T11:00:00Z", second);
+        assert!(!allowed, "{second:?} after {first:?} at one instant");
+    }
+}
+
+#[test]
+fn an_admission_in_one_zone_keeps_the_sends_a_zone_further_west_still_counts() {
+    // 1 per day, 2 per 3 days. m2 (London, Jan 13 00:30) is on New York's Jan 12 as well, and
+    // m1 (Jan 10) is in New York's window Jan 10..12, so m3 in New York is refused until its
+    // Jan 13 begins (05:00Z), when Jan 10 leaves the window.
+    let r = Recipient::new(CalendarQuota {
+        per_day: 1,
+        per_window: 2,
+        window_days: 3,
+    });
+    assert!(
+        r.send("m1", "2026-01-10T12:00:00Z", Some("Europe/London"))
+            .0
+    );
+    assert!(
+        r.send("m2", "2026-01-13T00:30:00Z", Some("Europe/London"))
+            .0
+    );
+    let (allowed, retry) = r.send("m3", "2026-01-13T01:00:00Z", Some("America/New_York"));
+    assert!(!allowed);
+    assert_eq!(retry, Some(utc("2026-01-13T05:00:00Z")));
+    // At that instant it is admitted (m2 is on its Jan 12, m1 left).
+    assert!(
+        r.send("m3", "2026-01-13T05:00:00Z", Some("America/New_York"))
+            .0
+    );
+}
+
+#[test]
+fn keys_written_as_local_day_numbers_keep_counting_after_the_upgrade() {
+    let r = Recipient::new(headline());
+    r.legacy_entries(&[("a", "2026-03-01"), ("b", "2026-03-03")]);
+    // An id the old version admitted is recognised.
+    assert!(r.send("a", "2026-03-05T10:00:00Z", None).0);
+    // Two in the window and none today: room for one, kept as an instant.
+    assert!(r.send("c", "2026-03-05T10:00:00Z", None).0);
+    // The same day is full (c), and so is the window (a, b, c) until Mar 1 leaves it on Mar 8.
+    let (allowed, retry) = r.send("d", "2026-03-06T10:00:00Z", None);
+    assert!(!allowed);
+    assert_eq!(retry, Some(utc("2026-03-08T00:00:00Z")));
+    assert!(r.send("d", "2026-03-08T00:00:00Z", None).0);
+
+    let today = Recipient::new(headline());
+    today.legacy_entries(&[("e", "2026-03-05")]);
+    let (allowed, retry) = today.send("f", "2026-03-05T23:00:00Z", None);
+    assert!(!allowed, "a legacy send today fills today");
+    assert_eq!(retry, Some(utc("2026-03-06T00:00:00Z")));
 }

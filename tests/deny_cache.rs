@@ -198,7 +198,8 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
     cache.enable(true);
     let cached = Limiter::new(redis.clone(), &ns).with_deny_cache(cache.clone());
     let plain = Limiter::new(redis.clone(), &ns);
-    let marks = SentMarks::new(redis.clone(), &ns, DEDUP_TTL_S);
+    // Marks outlive the quota's memory of a send (the window plus two days).
+    let marks = SentMarks::new(redis.clone(), &ns, 14 * 24 * 3600);
     let policy = policy("");
     let message = |id: &str| {
         SendRequest::decode(request(id, "alice", "UTC").to_string().as_bytes(), 1 << 16)
@@ -208,15 +209,15 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
     // keeps denials that no zone could admit yet.
     let day1 = local("UTC", "2026-05-01 01:00");
     let old = message("old");
-    // Sends on days 1, 6, 7 and 8; on day 8 "old" has left the window (days 2..8) and its
+    // Sends on days 1, 11, 12 and 13; on day 13 "old" has left every zone's window and its
     // entry is gone, but its dispatch mark lives on.
-    for (id, day) in [("old", 0), ("s6", 5), ("s7", 6), ("s8", 7)] {
+    for (id, day) in [("old", 0), ("s6", 10), ("s7", 11), ("s8", 12)] {
         let at = day1 + Duration::days(day);
         let e = cached.evaluate(&policy, &message(id), at, true).await;
         assert!(e.expect("admitted").committed, "{id}");
         marks.mark("alice", id, at).await.expect("mark");
     }
-    let day8 = day1 + Duration::days(7);
+    let day13 = day1 + Duration::days(12);
     assert_eq!(
         support::zset_members(
             &mut redis.clone(),
@@ -228,13 +229,13 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
     // Alice is full in every zone: the first denial fills the cache, the next is a hit.
     for (id, hour) in [("d1", 1), ("d2", 2)] {
         let e = cached
-            .evaluate(&policy, &message(id), day8 + Duration::hours(hour), true)
+            .evaluate(&policy, &message(id), day13 + Duration::hours(hour), true)
             .await
             .expect("denied");
         assert!(!e.committed && !e.dispatched, "{id}: {e:?}");
     }
     assert_eq!(cache.hits(), 1, "the second denial came from the cache");
-    let at = day8 + Duration::hours(3);
+    let at = day13 + Duration::hours(3);
     let again = cached
         .evaluate(&policy, &old, at, true)
         .await

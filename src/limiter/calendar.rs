@@ -9,6 +9,47 @@
 use chrono::{DateTime, Duration, NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
+use crate::policy::CalendarQuota;
+
+/// Scores below this in a calendar quota's key are local day numbers, written before sends
+/// were kept as instants; above it they are instants in ms. The same constant is in
+/// `lua/calendar_quota.lua`.
+pub const LEGACY_BELOW: i64 = 100_000_000;
+
+/// How far back from now a window of `window_days` local days can reach in any zone: that many
+/// days of 24 hours, plus two for the clock changes a window can hold (an hour each at most in
+/// today's rules) and for today, which began up to a day ago. Entries older than this count in
+/// no zone and are forgotten; a key lives this long after its newest entry.
+pub fn window_reach(window_days: u32) -> Duration {
+    Duration::days(i64::from(window_days) + 2)
+}
+
+/// The first local day in `zone` on which a calendar quota that refused a message at `now`
+/// has room, from the script's reply: `window_entry` is the score of the entry whose leaving
+/// the window makes room (-1 when the window has room), `day_full` whether today is full.
+///
+/// Every send is at or before `now`, so no later day holds one: the window has room from the
+/// day after that entry's local day plus the window, and the day from tomorrow.
+pub fn first_day_with_room(
+    q: &CalendarQuota,
+    window_entry: i64,
+    day_full: bool,
+    now: DateTime<Utc>,
+    zone: Tz,
+) -> DayNumber {
+    let today = day_number(now, zone);
+    let by_day = if day_full { today + 1 } else { today };
+    let by_window = match window_entry {
+        e if e < 0 => today,
+        day if day < LEGACY_BELOW => day + i64::from(q.window_days),
+        ms => {
+            let at = DateTime::from_timestamp_millis(ms).unwrap_or(now);
+            day_number(at, zone) + i64::from(q.window_days)
+        }
+    };
+    by_day.max(by_window).max(today + 1)
+}
+
 /// A local calendar day, counted from 1970-01-01 in the zone's own calendar.
 pub type DayNumber = i64;
 

@@ -1,9 +1,11 @@
 //! Denials answered without Redis, for recipients known to be full until a known instant.
 //!
-//! A recipient whose calendar quota is full stays full until the first day with room begins
+//! A recipient whose calendar window is full stays full until the first day with room begins
 //! in some zone (nothing can be admitted for them meanwhile, so nothing changes), and the
-//! verdicts for one zone stay the same until that zone's next midnight, whichever is first. Until then every new
-//! message to them gets the same verdicts, which this cache returns. It is exact:
+//! verdicts for one zone stay the same until that zone's next midnight, whichever is first.
+//! Until then every new message to them gets the same verdicts, which this cache returns. (A
+//! recipient refused only because today is full is not frozen: a message in a zone whose day
+//! has already turned is admitted, so such refusals are not cached.) It is exact:
 //! - only policies whose matching rules are all recipient-scope `calendar_quota` rules with
 //!   `on_deny = drop` are cached (one scope, so no cross-scope refunds; no shadow or delay);
 //! - an id that was already admitted is never answered from the cache (Redis would admit it
@@ -22,45 +24,31 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 
-use super::{calendar, Verdict};
+use super::Verdict;
 use crate::message::SendRequest;
-use crate::policy::{CalendarQuota, Kind, OnDeny, Policy, Rule, Scope};
+use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 
-/// Whether a calendar quota `q` holding entries on `scores` (local day numbers) has room for
-/// one more send on day `day`: the rule of `lua/calendar_quota.lua`.
-fn has_room(q: &CalendarQuota, scores: &[i64], day: i64) -> bool {
-    let window = i64::from(q.window_days);
-    let on_day = scores.iter().filter(|&&s| s == day).count();
-    let in_window = scores.iter().filter(|&&s| s > day - window).count();
-    on_day < q.per_day as usize && in_window < q.per_window as usize
-}
+/// How much earlier than a refusing rule's `retry_after` (the first instant with room in the
+/// message's zone) another zone can reach room in that rule: the same entry leaves that zone's
+/// window when its own local days have passed, which begin up to 26 hours earlier (local dates
+/// span UTC-12 to UTC+14), and a window's clock changes move it by an hour or so more.
+const OTHER_ZONES_AHEAD: Duration = Duration::hours(30);
 
-/// Until when no message to this recipient can be admitted, in any zone: the recipient's
-/// calendar state is frozen until then. Messages in other zones count days differently (local
-/// dates on Earth span UTC-12 to UTC+14), so the first day with room in every rule is taken
-/// as soon as it begins anywhere. `None` when some zone can admit a message now.
-pub fn frozen_until(
-    rules: &[(CalendarQuota, Vec<i64>)],
-    now: DateTime<Utc>,
-) -> Option<DateTime<Utc>> {
-    let westmost = calendar::day_number(now, chrono_tz::Etc::GMTPlus12);
-    let eastmost = calendar::day_number(now, chrono_tz::Etc::GMTMinus14);
-    let newest = rules
+/// Until when no message to this recipient can be admitted, in any zone, given the verdicts of
+/// a refusal: the recipient's calendar state is frozen until then. A message is admitted only
+/// when every rule has room, so the refusing rule that opens last bounds it. A rule refusing
+/// for today only (the window has room) opens in some other zone within hours, which this
+/// bound, already past, says.
+pub fn frozen_until(verdicts: &[Verdict]) -> Option<DateTime<Utc>> {
+    verdicts
         .iter()
-        .flat_map(|(_, s)| s.iter().copied())
+        .filter(|v| !v.allowed)
+        .filter_map(|v| v.retry_after)
         .max()
-        .unwrap_or(eastmost);
-    let longest = rules
-        .iter()
-        .map(|(q, _)| i64::from(q.window_days))
-        .max()
-        .unwrap_or(1);
-    let first_room = (westmost..=newest.max(eastmost) + longest + 1)
-        .find(|&day| rules.iter().all(|(q, scores)| has_room(q, scores, day)))?;
-    (first_room > eastmost).then(|| calendar::day_start(first_room, chrono_tz::Etc::GMTMinus14))
+        .map(|r| r - OTHER_ZONES_AHEAD)
 }
 
 /// Largest number of cached recipients (each about 300 bytes). When full, expired entries go

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Duration, NaiveTime, Utc};
 use chrono_tz::Tz;
 
-use super::calendar::{day_number, day_start};
+use super::calendar::{self, day_number, day_start};
 use crate::policy::{human_ms, Kind, QuietHours, Storage};
 
 /// The kind's slice of ARGV for a decision at `now` in `zone`.
@@ -12,16 +12,17 @@ pub(super) fn args(kind: &Kind, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
     match kind {
         Kind::CalendarQuota(q) => {
             let today = day_number(now, zone);
-            // Today's entry counts until day today + window begins in the zone where that
-            // happens last (UTC-12): a recipient who moves west still counts it there.
-            let expire_in =
-                day_start(today + i64::from(q.window_days), chrono_tz::Etc::GMTPlus12) - now;
+            let days = i64::from(q.window_days);
+            let reach = calendar::window_reach(q.window_days);
             vec![
                 today,
+                day_start(today, zone).timestamp_millis(),
+                day_start(today - days + 1, zone).timestamp_millis(),
                 i64::from(q.per_day),
                 i64::from(q.per_window),
-                i64::from(q.window_days),
-                expire_in.num_milliseconds(),
+                days,
+                (now - reach).timestamp_millis(),
+                reach.num_milliseconds(),
             ]
         }
         Kind::FixedWindow(w) | Kind::ZsetWindow(w) => vec![i64::from(w.limit), w.window_ms],
@@ -96,13 +97,21 @@ pub fn quiet_until(q: &QuietHours, now: DateTime<Utc>, zone: Tz) -> Option<DateT
         .or(Some(now + Duration::minutes(MAX_QUIET_MINUTES)))
 }
 
-/// The instant the script's raw retry value stands for (`None` for "now" or "never").
-pub(super) fn retry_after(kind: &Kind, raw: i64, zone: Tz) -> Option<DateTime<Utc>> {
-    if raw < 0 {
-        return None;
-    }
+/// The instant a refusal's raw retry value (and `detail`) stands for, for a message in `zone`
+/// decided at `now` (`None` for "never").
+pub(super) fn retry_after(
+    kind: &Kind,
+    raw: i64,
+    detail: i64,
+    now: DateTime<Utc>,
+    zone: Tz,
+) -> Option<DateTime<Utc>> {
     match kind {
-        Kind::CalendarQuota(_) => Some(day_start(raw, zone)),
+        Kind::CalendarQuota(q) => Some(day_start(
+            calendar::first_day_with_room(q, raw, detail == 1, now, zone),
+            zone,
+        )),
+        _ if raw < 0 => None,
         _ => DateTime::from_timestamp_millis(raw),
     }
 }

@@ -277,7 +277,7 @@ impl Limiter {
                 return Ok(Evaluation::in_flight(wait));
             }
             for (&(index, rule), raw) in call.rules.iter().zip(&reply.results) {
-                verdicts[index] = Some(verdict(rule, raw, zone, message.cost));
+                verdicts[index] = Some(verdict(rule, raw, now, zone, message.cost));
             }
             if mode == Mode::Commit && reply.committed {
                 taken.push(call);
@@ -443,64 +443,35 @@ impl Limiter {
         if verdicts.iter().any(|v| v.already) {
             return Ok(());
         }
-        let tomorrow = calendar::day_start(calendar::day_number(now, zone) + 1, zone);
-        let Some(until) = verdicts
-            .iter()
-            .filter(|v| !v.allowed)
-            .filter_map(|v| v.retry_after)
-            .chain([tomorrow])
-            .min()
-        else {
+        let Some(frozen) = deny_cache::frozen_until(verdicts).filter(|&f| f > now) else {
             return Ok(());
         };
-        // With one rule, its retry_after opens the first day with room. Once that day has
-        // begun in the easternmost zone, some zone can be admitted now and nothing is frozen:
-        // skip reading the state (a round trip on every such denial).
-        if let ([_], [verdict]) = (rules, verdicts) {
-            let eastmost = calendar::day_number(now, chrono_tz::Etc::GMTMinus14);
-            if verdict
-                .retry_after
-                .is_some_and(|r| calendar::day_number(r, zone) <= eastmost)
-            {
-                return Ok(());
-            }
-        }
+        let tomorrow = calendar::day_start(calendar::day_number(now, zone) + 1, zone);
+        let until = frozen.min(tomorrow);
         let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
         // One round trip: each rule's entries, then the recipient's dispatch marks. A
         // redelivery of a dispatched message is a duplicate, not a denial, even once its entry
         // has left the quota's window (marks outlive it): never answered from the cache.
-        let mut quotas = Vec::with_capacity(rules.len());
         let mut read = redis::pipe();
         for rule in rules {
-            let Kind::CalendarQuota(q) = &rule.kind else {
+            if !matches!(rule.kind, Kind::CalendarQuota(_)) {
                 return Ok(());
-            };
-            quotas.push(*q);
-            read.zrange_withscores(
+            }
+            read.zrange(
                 keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name()),
                 0,
                 -1,
             );
         }
-        read.zrange_withscores(keys::sent_key(&self.namespace, &tag), 0, -1);
-        let replies: Vec<Vec<(String, i64)>> = read.query_async(&mut self.conn.clone()).await?;
-        let mut admitted = HashSet::new();
-        let mut states = Vec::with_capacity(quotas.len());
-        for (index, entries) in replies.into_iter().enumerate() {
-            if let Some(q) = quotas.get(index) {
-                states.push((*q, entries.iter().map(|(_, day)| *day).collect()));
-            }
-            admitted.extend(entries.into_iter().map(|(id, _)| id));
-        }
-        let Some(frozen) = deny_cache::frozen_until(&states, now) else {
-            return Ok(());
-        };
+        read.zrange(keys::sent_key(&self.namespace, &tag), 0, -1);
+        let replies: Vec<Vec<String>> = read.query_async(&mut self.conn.clone()).await?;
+        let admitted: HashSet<String> = replies.into_iter().flatten().collect();
         cache.fill(
             message,
             rules,
             zone,
             now,
-            until.min(frozen),
+            until,
             admitted,
             verdicts.to_vec(),
             generation,
@@ -669,7 +640,7 @@ impl Evaluation {
     }
 }
 
-fn verdict(rule: &Rule, raw: &RawResult, zone: Tz, cost: u32) -> Verdict {
+fn verdict(rule: &Rule, raw: &RawResult, now: DateTime<Utc>, zone: Tz, cost: u32) -> Verdict {
     Verdict {
         rule: rule.name.clone(),
         kind: rule.kind.name(),
@@ -680,7 +651,7 @@ fn verdict(rule: &Rule, raw: &RawResult, zone: Tz, cost: u32) -> Verdict {
         retry_after: if raw.allowed {
             None
         } else {
-            kinds::retry_after(&rule.kind, raw.retry, zone)
+            kinds::retry_after(&rule.kind, raw.retry, raw.detail, now, zone)
         },
         reason: if raw.allowed {
             String::new()
