@@ -6,8 +6,9 @@
 -- ARGV (this rule's slice): LIMIT, WINDOW_MS.
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
 --        this one; retry_ms = when the window ends (the next send is allowed then).
--- The seed's weak spots fixed: a denied attempt writes nothing (no INCR before the check), and
--- the expiry is set in the same script as the write, from the window's start, never 0.
+-- Where common fixed-window limiters go wrong, this one does not: a denied attempt writes
+-- nothing (no INCR before the check), and the expiry is set in the same script as the write,
+-- from the window's start, never 0.
 
 KINDS.fixed_window = {
   check = function(key, ids, args, ctx)

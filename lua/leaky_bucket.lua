@@ -10,8 +10,9 @@
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = whole sends that still fit
 --        after this one; retry_ms = when enough has leaked for one more send (nothing leaks
 --        before `last`, so after the clock went back that is counted from `last`, not now).
--- The seed's weak spot fixed: millisecond time, not whole seconds; a clock that goes back
--- leaks nothing (elapsed time is clamped at zero and `last` never moves back).
+-- Where common leaky buckets go wrong, this one does not: millisecond time, not whole seconds;
+-- a clock that goes back leaks nothing (elapsed time is clamped at zero and `last` never moves
+-- back).
 
 -- The level and last update as of `now`, and whether the key is absent.
 local function leaky_level(key, leak, now)

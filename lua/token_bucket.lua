@@ -10,8 +10,8 @@
 --        send; retry_ms = when enough tokens will be there (-1 if the cost exceeds the
 --        capacity: never; nothing refills before `last`, so after the clock went back that is
 --        counted from `last`, not now).
--- The seed's weak spots fixed: millisecond time; fractional tokens compared with >=, not == 0;
--- one hash, not two keys; a clock that goes back adds no tokens.
+-- Where common token buckets go wrong, this one does not: millisecond time; fractional tokens
+-- compared with >=, not == 0; one hash, not two keys; a clock that goes back adds no tokens.
 
 -- The tokens and last update as of `now`, and whether the key is absent.
 local function token_level(key, cap, refill, now)

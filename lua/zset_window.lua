@@ -6,8 +6,9 @@
 -- ARGV (this rule's slice): LIMIT, WINDOW_MS.
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
 --        this one; retry_ms = when the oldest entry that must go leaves the window.
--- The seeds' weak spots fixed: a denied attempt adds no entry; members are message ids, so two
--- sends in the same millisecond are two entries and a redelivery is recognised.
+-- Where common sorted-set windows go wrong, this one does not: a denied attempt adds no entry;
+-- members are message ids, so two sends in the same millisecond are two entries and a
+-- redelivery is recognised.
 
 KINDS.zset_window = {
   check = function(key, _, args, ctx)

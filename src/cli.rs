@@ -1,7 +1,7 @@
 //! The `sendquota` command line: argument parsing and the commands operators and scripts run.
 //!
-//! Exit codes are part of the contract: 0 the command did its job (a deny is a successful
-//! decision), 2 bad input or bad config, 1 a service could not be reached or failed.
+//! Exit codes are part of the interface scripts rely on: 0 the command did its job (a deny is a
+//! successful decision), 2 bad input or bad config, 1 a service could not be reached or failed.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;

@@ -184,8 +184,8 @@ pub struct DatabaseSettings {
 pub struct WorkerSettings {
     /// Runtime threads the worker runs on; 0 = one per CPU. One is the default: a thread
     /// decides tens of thousands of messages a second, more than one consumer receives, and a
-    /// second thread only adds wake-ups between threads (measured: about a fifth more CPU per
-    /// message; see the README's operator guide). More throughput comes from more workers.
+    /// second thread only adds wake-ups between threads, which cost CPU per message and buy no
+    /// throughput (docs/performance.md). More throughput comes from more workers.
     pub threads: usize,
     /// Messages decided at the same time.
     pub concurrency: usize,

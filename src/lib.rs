@@ -17,8 +17,9 @@
 //! rustls crypto provider), `broker` (RabbitMQ through lapin: connections, topology and confirmed
 //! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice), `claim`
 //! (in-flight claims: one delivery of a message id at a time), `denials` (the Postgres history
-//! operators query), `quarantine` (the operator's side of the quarantine queue), `cli` (the
-//! `sendquota` command).
+//! operators query), `quarantine` (the operator's side of the quarantine queue), `acks`
+//! (coalesced acks), `admin` (the admin HTTP API), `replay` (replaying denials from cron),
+//! `telemetry` (logs and metrics), `cli` (the `sendquota` command).
 
 pub mod acks;
 pub mod admin;

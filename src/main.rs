@@ -4,8 +4,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// The worker allocates for every message (deliveries, Redis replies, rows): glibc's malloc
-/// took about a fifth of its CPU (perf, `cargo bench --bench perf`); mimalloc is cheaper.
+/// The worker allocates for every message (deliveries, Redis replies, rows), so the allocator's
+/// speed is part of its CPU per message; mimalloc spends less of it than glibc's malloc
+/// (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -170,9 +170,9 @@ impl TlsFiles {
 
 /// Postgres options for `url` with TLS only when asked for: by an `sslmode` in the URL or the
 /// `PGSSLMODE` variable. sqlx's own default is `prefer` (TLS, unverified, whenever the server
-/// offers it, as Debian's Postgres does); over TLS the worker's denial writes were several
-/// times slower (docs/performance.md), for an encryption that verifies nobody. Asked for,
-/// `require`, `verify-ca` and `verify-full` are as the URL says.
+/// offers it, as Debian's Postgres does): an encryption that verifies nobody, and that made
+/// every denial write wait longer (docs/performance.md). Asked for, `require`, `verify-ca`
+/// and `verify-full` are as the URL says.
 pub fn postgres_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, sqlx::Error> {
     let options: sqlx::postgres::PgConnectOptions = url.parse()?;
     let asked = url.contains("sslmode=") || std::env::var_os("PGSSLMODE").is_some();

@@ -325,8 +325,8 @@ async fn a_worker_that_cannot_reach_the_broker_logs_no_secret() {
     );
 }
 
-/// README: "`worker` ... 1 if a service is unreachable at start". Redis and Postgres are
-/// checked at start; the broker is not: the worker retries it forever with backoff.
+/// README: "`worker` ... 1 if a service is unreachable at start". Redis, Postgres and the
+/// broker are all checked at start: a worker that never got a session exits 1.
 #[tokio::test]
 async fn the_worker_exits_1_when_the_broker_is_unreachable_at_start() {
     let env = TestEnv::new().await;

@@ -568,8 +568,8 @@ impl Limiter {
         marks: bool,
         claims: bool,
     ) -> Vec<ScopeCall<'r>> {
-        // A message has rules of one or two scopes: a vector is found faster than a map is
-        // built (the map's node was about 2% of the worker's CPU per message).
+        // A message has rules of one or two scopes: searching a vector that short costs less
+        // than building a map, which allocates a node for every message.
         let mut by_scope: Vec<(Scope, Vec<(usize, &'r Rule)>)> = Vec::with_capacity(2);
         for (index, rule) in rules.iter().enumerate() {
             match by_scope.iter_mut().find(|(scope, _)| *scope == rule.scope) {

@@ -55,9 +55,9 @@ impl KindSet {
 
 /// The source of the script for a scope whose rules use `kinds`: the prelude, those kinds'
 /// files and the driver. Each kind's file only defines functions, but Lua runs those
-/// definitions on every call, so a script carrying all nine kinds spends about 5 us per call
-/// (measured with redis-benchmark on this machine's Redis 7.0) creating functions the scope
-/// never calls: a headline-only scope carries the calendar quota alone. The prelude's helper
+/// definitions on every call, so a script carrying all nine kinds would spend Redis CPU on every
+/// call creating functions the scope never calls (docs/performance.md): a headline-only scope
+/// carries the calendar quota alone. The prelude's helper
 /// functions are left out in the same way when nothing in the script calls them (see
 /// [`prelude_for`]).
 pub fn source_for(kinds: KindSet) -> String {
@@ -77,10 +77,8 @@ pub fn source_for(kinds: KindSet) -> String {
 
 /// The prelude for a script whose kinds and driver are `body`: every paragraph of
 /// `lua/prelude.lua` (blocks between blank lines) except the helper functions (`local function
-/// NAME(`) that neither `body` nor another helper kept calls. Defining the five helpers the
-/// headline script never calls cost Redis about 2% of that script's CPU: 7.97 against 7.83 us
-/// per denied decision (means of eight alternating redis-benchmark runs of 300,000 EVALSHA
-/// each, Redis's CPU time read from /proc, this machine's Redis 7.0).
+/// NAME(`) that neither `body` nor another helper kept calls: a helper defined but never called
+/// costs Redis CPU on every call of the script, as unused kinds do (docs/performance.md).
 pub fn prelude_for(body: &str) -> String {
     let paragraphs: Vec<(Option<&str>, &str)> = PRELUDE
         .split("\n\n")
