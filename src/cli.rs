@@ -278,6 +278,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
             let failpoint = match std::env::var("SENDQUOTA_FAILPOINT").ok().as_deref() {
                 Some("hang-after-admit") => Some(Failpoint::HangAfterAdmit),
                 Some("stall-consumer-once") => Some(Failpoint::StallConsumerOnce),
+                Some("fail-stuck-ids") => Some(Failpoint::FailStuckIds),
                 Some(other) => {
                     return Err(CliError::Input(format!(
                         "unknown SENDQUOTA_FAILPOINT {other:?}"

@@ -215,6 +215,10 @@ pub struct WorkerSettings {
     /// How often the watchdog checks that the consumer still receives deliveries while the
     /// requests queue holds messages, in milliseconds.
     pub watchdog_interval_ms: u64,
+    /// How long a delivery may keep failing in its slot before it yields the slot, in
+    /// milliseconds: it moves to a delay queue and is retried from there, and its slot goes to
+    /// other messages, so messages that keep failing cannot hold every slot.
+    pub yield_slot_after_ms: u64,
 }
 
 impl Default for RedisSettings {
@@ -263,6 +267,7 @@ impl Default for WorkerSettings {
             retry_max_ms: 10_000,
             shutdown_timeout_ms: 30_000,
             watchdog_interval_ms: 30_000,
+            yield_slot_after_ms: 60_000,
             deny_cache: true,
             denial_batch_size: 500,
             denial_batch_wait_ms: 3,
@@ -389,6 +394,11 @@ impl Settings {
         if w.watchdog_interval_ms < 100 {
             return Err(ConfigError::Invalid(
                 "worker.watchdog_interval_ms must be at least 100".to_owned(),
+            ));
+        }
+        if w.yield_slot_after_ms < 100 {
+            return Err(ConfigError::Invalid(
+                "worker.yield_slot_after_ms must be at least 100".to_owned(),
             ));
         }
         if w.retry_initial_ms == 0 || w.retry_max_ms < w.retry_initial_ms {

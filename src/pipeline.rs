@@ -144,6 +144,10 @@ impl Pipeline {
                 return Ok(Handled::Invalid { reason });
             }
         };
+        if self.failpoint == Some(Failpoint::FailStuckIds) && message.id.starts_with("stuck-") {
+            let injected = std::io::Error::other("failpoint fail-stuck-ids");
+            return Err(HandleError::Redis(injected.into()));
+        }
         let now = self.clock.now();
         let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
             .and_then(|v| v.parse::<i64>().ok());
@@ -264,6 +268,39 @@ impl Pipeline {
         metrics::counter!(telemetry::QUARANTINED).increment(1);
         tracing::error!(message_id = ?id, reason = %poison.reason, attempts = poison.attempts,
             queue = %self.names.quarantine, "message quarantined");
+        Ok(())
+    }
+
+    /// Yields the slot of a delivery that keeps failing: publishes it to the delay queue of
+    /// about `wait` (headers kept), from which it returns to the requests queue and is decided
+    /// afresh, and releases its claim; the caller then acks it. It is retried about as often as
+    /// it would have been in place, but other messages get the slot in between, so failures
+    /// specific to some messages cannot hold every slot.
+    pub async fn yield_slot(
+        &self,
+        publisher: &Publisher,
+        body: &[u8],
+        properties: &BasicProperties,
+        claim: &Claim,
+        wait: std::time::Duration,
+    ) -> Result<(), HandleError> {
+        let id = properties.message_id().as_ref().map(|s| s.as_str());
+        let mut headers = Vec::new();
+        if let Some(denial) = broker::header(properties, broker::REPLAY_OF_HEADER) {
+            headers.push((broker::REPLAY_OF_HEADER, denial));
+        }
+        let now = self.clock.now();
+        let until = chrono::Duration::from_std(wait)
+            .ok()
+            .and_then(|w| now.checked_add_signed(w))
+            .unwrap_or(now);
+        let queue = self.names.delay_queue(broker::delay_tier(now, until));
+        publisher
+            .publish("", &queue, body, broker::json_properties(id, &headers))
+            .await?;
+        metrics::counter!(telemetry::SLOTS_YIELDED).increment(1);
+        tracing::warn!(message_id = ?id, queue = %queue, "message kept failing; it yields its slot");
+        self.abandon(body, claim).await;
         Ok(())
     }
 

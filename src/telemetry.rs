@@ -28,6 +28,9 @@ pub const REDELIVERIES: &str = "sendquota_redeliveries_total";
 pub const INVALID: &str = "sendquota_invalid_messages_total";
 /// Counter: messages moved to the quarantine queue (a service refused them for good).
 pub const QUARANTINED: &str = "sendquota_quarantined_messages_total";
+/// Counter: messages that kept failing in their slot and moved to a delay queue to be retried
+/// from there, freeing the slot.
+pub const SLOTS_YIELDED: &str = "sendquota_slots_yielded_total";
 /// Counter: messages parked in a delay queue.
 pub const DELAYED: &str = "sendquota_delayed_messages_total";
 /// Counter: decisions answered from the deny cache, without Redis.

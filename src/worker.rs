@@ -77,6 +77,10 @@ pub enum Failpoint {
     /// The first broker session stops taking deliveries without any error, as a consumer
     /// that silently died would; the watchdog must notice and restart the session.
     StallConsumerOnce,
+    /// Every attempt at a message whose id starts with `stuck-` fails as if Redis were away,
+    /// while every other message goes through: failures specific to some messages, which must
+    /// not hold every slot.
+    FailStuckIds,
 }
 
 /// Runs the worker until `shutdown` completes, then drains in-flight messages.
@@ -339,6 +343,7 @@ async fn consume(
                         consuming: channel.clone(),
                         settler: settler.clone(),
                         backoff: Backoff::new(&settings.worker),
+                        yield_slot_after: Duration::from_millis(settings.worker.yield_slot_after_ms),
                         stop: stop.clone(),
                     };
                     tokio::spawn(async move {
@@ -382,6 +387,8 @@ struct Task {
     consuming: Channel,
     settler: Settler,
     backoff: Backoff,
+    /// How long the delivery may keep failing before it yields its slot.
+    yield_slot_after: Duration,
     stop: watch::Receiver<bool>,
 }
 
@@ -400,6 +407,7 @@ impl Task {
         let mut attempts = 0u32;
         let mut refused_in_a_row = 0u32;
         let mut first_error: Option<String> = None;
+        let mut failing_since: Option<std::time::Instant> = None;
         loop {
             attempts += 1;
             // Boxed: the decision's state machine is kilobytes, and a task's future is moved
@@ -450,6 +458,26 @@ impl Task {
                         }
                     }
                     let wait = self.backoff.next();
+                    let failing_for = failing_since.get_or_insert_with(std::time::Instant::now);
+                    if failing_for.elapsed() >= self.yield_slot_after {
+                        let yielded = self
+                            .pipeline
+                            .yield_slot(
+                                &self.publisher,
+                                &delivery.data,
+                                &delivery.properties,
+                                &claim,
+                                wait,
+                            )
+                            .await;
+                        match yielded {
+                            Ok(()) => {
+                                self.settler.ack(delivery.delivery_tag);
+                                return;
+                            }
+                            Err(y) => warn!(error = %y, "message could not yield its slot"),
+                        }
+                    }
                     warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "message not decided");
                     if self.channels_lost() || sleep_or_stop(wait, &self.stop).await {
                         // Given up without a dispatch: its copies need not wait out the lease.

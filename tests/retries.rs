@@ -9,6 +9,7 @@ use std::time::Duration;
 use lapin::options::QueueBindOptions;
 use lapin::types::FieldTable;
 use sendquota::clock::ManualClock;
+use sendquota::worker::Failpoint;
 use support::{local, request, TestEnv};
 
 #[tokio::test]
@@ -237,4 +238,51 @@ async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() 
     assert!(audited.1.contains("picky refuses"));
     assert!(env.drain(&env.names.quarantine).await.is_empty());
     let _ = std::fs::remove_file(&config);
+}
+
+/// Messages that keep failing while others go through (here every attempt at a `stuck-` id
+/// fails as if Redis were away) must not hold every slot. More of them than the worker's
+/// default concurrency arrive first; each yields its slot after `yield_slot_after_ms` of
+/// failing and waits in a delay queue, so the messages behind them are dispatched. Once the
+/// cause is gone (a worker without the failpoint), every stuck message is dispatched, once.
+#[tokio::test]
+async fn messages_that_keep_failing_yield_their_slots_to_the_others() {
+    const STUCK: usize = 300;
+    const GOOD: usize = 20;
+    let mut env = TestEnv::with_config("[worker]\nyield_slot_after_ms = 1000\n").await;
+    assert!(
+        STUCK > env.settings.worker.concurrency,
+        "more than every slot"
+    );
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker_with(&clock, Some(Failpoint::FailStuckIds));
+    for i in 0..STUCK {
+        env.publish(&request(&format!("stuck-{i}"), &format!("s{i}"), "UTC"))
+            .await;
+    }
+    for i in 0..GOOD {
+        env.publish(&request(&format!("good-{i}"), &format!("g{i}"), "UTC"))
+            .await;
+    }
+    let mut seen = HashMap::new();
+    for i in 0..GOOD {
+        env.dispatched(&format!("good-{i}"), &mut seen).await;
+    }
+    assert!(
+        seen.keys().all(|id| id.starts_with("good-")),
+        "stuck messages fail: {seen:?}"
+    );
+    env.stop_worker().await;
+
+    env.start_worker(&clock);
+    for i in 0..STUCK {
+        env.dispatched(&format!("stuck-{i}"), &mut seen).await;
+    }
+    env.stop_worker().await;
+    for id in env.take_dispatched().await {
+        *seen.entry(id).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, &n)| n != 1).collect();
+    assert!(twice.is_empty(), "dispatched more than once: {twice:?}");
+    assert_eq!(seen.len(), STUCK + GOOD);
 }
