@@ -142,19 +142,6 @@ fn spawn_worker_binary(
     cmd.spawn().expect("start the sendquota binary")
 }
 
-/// Messages ready (not counting deliveries in progress) in `queue`.
-async fn ready(env: &TestEnv, queue: &str) -> u32 {
-    let passive = lapin::options::QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    env.channel
-        .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
-        .await
-        .expect("passive declare")
-        .message_count()
-}
-
 /// A producer's retries put copies of one message in flight at once. Ten copies of each of
 /// twenty messages, each message's copies back to back, decided by two worker processes at
 /// their default concurrency and prefetch: every message is dispatched exactly once and no
@@ -196,7 +183,7 @@ async fn ten_copies_of_each_message_across_two_workers_are_dispatched_once_each(
     let mut quiet_since = Instant::now();
     while quiet_since.elapsed() < Duration::from_millis(2_500) {
         assert!(Instant::now() < deadline, "the copies were all decided");
-        if ready(&env, &env.names.requests).await + ready(&env, &delay).await > 0 {
+        if env.ready(&env.names.requests).await + env.ready(&delay).await > 0 {
             quiet_since = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -273,6 +273,30 @@ impl TestEnv {
         }
     }
 
+    /// Messages ready (not counting deliveries in progress) in `queue`.
+    pub async fn ready(&self, queue: &str) -> u32 {
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        self.channel
+            .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+            .await
+            .expect("passive declare")
+            .message_count()
+    }
+
+    /// The worker binary with this environment's services and namespace (a clean environment
+    /// otherwise, see [`process::sendquota`]); the caller adds the arguments.
+    pub fn worker_command(&self) -> std::process::Command {
+        let mut cmd = process::sendquota();
+        cmd.env("SENDQUOTA_NAMESPACE", &self.namespace)
+            .env("SENDQUOTA_REDIS_URL", redis_url())
+            .env("SENDQUOTA_AMQP_URL", amqp_url())
+            .env("SENDQUOTA_DATABASE_URL", &self.database_url);
+        cmd
+    }
+
     /// Publishes a raw body to the requests exchange, as a producer would.
     pub async fn publish_raw(&self, body: &[u8]) {
         self.publisher
