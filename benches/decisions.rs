@@ -4,9 +4,17 @@
 //! script ran, per decision: the figures to compare when a kind's script changes (Redis's own
 //! counters, so they do not depend on how busy the client side is).
 //!
-//! `cargo bench --bench decisions -- [--decisions N] [--concurrency C] [--recipients R]`
+//! Last, the first messages of `--hostile` distinct recipients whose ids are hostile to key
+//! building (braces, colons, percent signs, emoji), each allowed and given one key, against
+//! the budget of 30 s for 100,000 that the suite once asserted.
+//!
+//! `cargo bench --bench decisions -- [--decisions N] [--concurrency C] [--recipients R]
+//! [--hostile N]`
 
-#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "../tests/it/support/mod.rs"]
+#[allow(dead_code)] // Each bench uses a part of the tests' harness.
 mod support;
 
 use std::collections::BTreeMap;
@@ -76,7 +84,7 @@ async fn run(
 }
 
 /// Microseconds inside EVALSHA and commands run by the scripts, per decision, between two
-/// snapshots of `support::command_stats`.
+/// snapshots of `common::command_stats`.
 fn script_cost(
     before: &BTreeMap<String, (u64, u64)>,
     after: &BTreeMap<String, (u64, u64)>,
@@ -100,9 +108,9 @@ fn script_cost(
 
 #[tokio::main]
 async fn main() {
-    let n = support::flag("--decisions", 50_000);
-    let concurrency = support::flag("--concurrency", 128);
-    let recipients = support::flag("--recipients", 10_000);
+    let n = common::flag("--decisions", 50_000);
+    let concurrency = common::flag("--concurrency", 128);
+    let recipients = common::flag("--recipients", 10_000);
     let redis = support::connect_redis(&support::single_settings()).await;
     let namespace = support::unique("sqtbench");
     let limiter = Limiter::new(redis.clone(), &namespace);
@@ -115,17 +123,70 @@ async fn main() {
     );
     for (name, rule) in KINDS {
         let policy = Arc::new(policy(rule));
-        let before = support::command_stats(&mut redis.clone()).await;
+        let before = common::command_stats(&mut redis.clone()).await;
         let (rate, allowed) = run(&limiter, &policy, n, concurrency, recipients).await;
-        let (script_us, commands) = script_cost(
-            &before,
-            &support::command_stats(&mut redis.clone()).await,
-            n,
-        );
+        let (script_us, commands) =
+            script_cost(&before, &common::command_stats(&mut redis.clone()).await, n);
         println!(
             "{name:<28} {rate:>12.0} {:>8.0}% {script_us:>14.2} {commands:>14.2}",
             allowed * 100.0
         );
         support::delete_keys(&mut redis.clone(), &format!("{namespace}:*")).await;
     }
+    let hostile = common::flag("--hostile", 100_000);
+    let policy = Arc::new(Policy::headline(chrono_tz::UTC));
+    let started = Instant::now();
+    let allowed = first_messages_to_hostile_ids(&limiter, &policy, hostile, concurrency).await;
+    let took = started.elapsed();
+    support::delete_keys(&mut redis.clone(), &format!("{namespace}:*")).await;
+    let budget = 30.0 * hostile as f64 / 100_000.0;
+    println!(
+        "{hostile} first messages to hostile recipient ids: {allowed} allowed in {:.1} s \
+         ({:.0}/s); budget {budget:.1} s: {}",
+        took.as_secs_f64(),
+        hostile as f64 / took.as_secs_f64(),
+        if took.as_secs_f64() <= budget {
+            "ok"
+        } else {
+            "SLOW"
+        }
+    );
+}
+
+/// Recipient id suffixes that are hostile to key building (the numeric prefix keeps every id
+/// distinct), as in the suite's input tests.
+const SUFFIXES: &[&str] = &[
+    "", "{", "}", ":", "%", "%7B", "a}{b:c", " ", "\u{2028}", "é", "中", "😀", "\u{200b}", "\"",
+    "\\",
+];
+
+/// Decides the first message of each of `n` recipients with hostile ids; returns how many
+/// were allowed (all of them, when the key building is right).
+async fn first_messages_to_hostile_ids(
+    limiter: &Limiter,
+    policy: &Arc<Policy>,
+    n: usize,
+    concurrency: usize,
+) -> usize {
+    let now: DateTime<Utc> = "2026-03-02T09:00:00Z".parse().expect("instant");
+    futures_util::stream::iter(0..n)
+        .map(|i| async move {
+            let request = SendRequest {
+                id: format!("m-{i}"),
+                recipient: format!("{i}{}", SUFFIXES[i % SUFFIXES.len()]),
+                channel: "sms".to_owned(),
+                category: "default".to_owned(),
+                timezone: None,
+                cost: 1,
+                payload: None,
+            };
+            let evaluation = limiter
+                .evaluate(policy, &request, now, true)
+                .await
+                .expect("redis answers");
+            usize::from(evaluation.committed)
+        })
+        .buffer_unordered(concurrency)
+        .fold(0, |sum, one| async move { sum + one })
+        .await
 }

@@ -47,7 +47,10 @@
 //! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]`
 //! (cargo runs the bench executable as `perf-HASH --bench ARGS`; it can be run so directly).
 
-#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "../tests/it/support/mod.rs"]
+#[allow(dead_code)] // Each bench uses a part of the tests' harness.
 mod support;
 
 use std::collections::BTreeMap;
@@ -359,7 +362,7 @@ impl Procs {
     }
 
     async fn snap(&self, worker: Option<u32>) -> CpuSnap {
-        let lua_us = support::command_stats(&mut self.conn.clone())
+        let lua_us = common::command_stats(&mut self.conn.clone())
             .await
             .get("evalsha")
             .map_or(0, |&(_, us)| us);
@@ -1437,7 +1440,7 @@ async fn end_to_end(
     tally: &mut Tally,
     choice: &WorkerChoice,
 ) -> EndToEnd {
-    let commands_before = support::command_stats(&mut procs.conn.clone()).await;
+    let commands_before = common::command_stats(&mut procs.conn.clone()).await;
     let before = procs.snap(None).await;
     let began = Instant::now();
     // Ready: the point the relay's own timer starts from (its connection and channels open,
@@ -1463,7 +1466,7 @@ async fn end_to_end(
     }
     let elapsed = began.elapsed();
     let after = procs.snap(Some(pid)).await;
-    let commands_after = support::command_stats(&mut procs.conn.clone()).await;
+    let commands_after = common::command_stats(&mut procs.conn.clone()).await;
     let hwm_kib = proc_number(pid, "status", "VmHWM:");
     let (switches, threads) = context_switches(pid);
     // How well the worker's clients batch what they send: a Redis command, a publish or an ack
@@ -2461,7 +2464,7 @@ async fn main() {
          hot recipients than it holds?)"
     );
 
-    // Exactness on a sample (tests/deny_cache.rs checks it in full): a cached verdict equals
+    // Exactness on a sample (tests/it/deny_cache.rs checks it in full): a cached verdict equals
     // an uncached one for the same recipient and instant (another new id each); and a
     // redelivery of an id admitted today is admitted again by Redis, not refused from the
     // cache.

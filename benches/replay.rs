@@ -3,7 +3,10 @@
 //!
 //! `cargo bench --bench replay -- [--denials N]`
 
-#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "../tests/it/support/mod.rs"]
+#[allow(dead_code)] // Each bench uses a part of the tests' harness.
 mod support;
 
 use sendquota::denials::{DenialFilter, DenialStore};
@@ -12,7 +15,7 @@ use support::TestEnv;
 
 #[tokio::main]
 async fn main() {
-    let n: i64 = support::flag("--denials", 5_000);
+    let n: i64 = common::flag("--denials", 5_000);
     println!("{n} denials per run, local Postgres and RabbitMQ (classic queue)");
     for batch in [1i64, 100] {
         let env = TestEnv::new().await;

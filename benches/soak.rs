@@ -4,7 +4,10 @@
 //!
 //! `cargo bench --bench soak -- [--seconds 300] [--rate 1000]`
 
-#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod common;
+#[path = "../tests/it/support/mod.rs"]
+#[allow(dead_code)] // Each bench uses a part of the tests' harness.
 mod support;
 
 use std::process::{Command, Stdio};
@@ -27,8 +30,8 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[tokio::main]
 async fn main() {
-    let seconds = support::flag("--seconds", 300);
-    let rate = support::flag("--rate", 1_000);
+    let seconds = common::flag("--seconds", 300);
+    let rate = common::flag("--rate", 1_000);
     let env = TestEnv::with_queue_type("", sendquota::config::QueueType::Quorum).await;
     let config = std::env::temp_dir().join(format!("{}-soak.toml", env.namespace));
     std::fs::write(&config, "[amqp]\nqueue_type = \"quorum\"\n").expect("config");

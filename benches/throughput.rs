@@ -4,7 +4,8 @@
 //!
 //! `cargo bench --bench throughput -- [--messages N] [--queue-type quorum|classic]`
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
+#[allow(dead_code)] // Each bench uses a part of the tests' harness.
 mod support;
 
 use std::time::{Duration, Instant};

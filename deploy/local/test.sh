@@ -4,7 +4,7 @@
 # (SENDQUOTA_TEST_REDIS_CLUSTER_URLS), and against TLS-only servers of all three kinds started
 # once for the run (deploy/local/tls-servers.sh, SENDQUOTA_TEST_TLS_*). Runs the tests with
 # cargo-nextest when installed (and prints the slowest), else with cargo test; extra arguments go
-# to that command (`deploy/local/test.sh --test tls`).
+# to that command (`deploy/local/test.sh tls::`, a filter on the module).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deploy/local/services.sh

@@ -2,7 +2,6 @@
 //! Postgres database, talks to the real services, and removes everything it made when it ends,
 //! even when it fails. A service that does not answer fails the test with the command that
 //! starts it.
-#![allow(dead_code)]
 
 pub mod http;
 pub mod private;
@@ -86,7 +85,6 @@ pub fn unique(prefix: &str) -> String {
 /// One test's private world on the shared services.
 pub struct TestEnv {
     pub namespace: String,
-    pub database: String,
     pub database_url: String,
     pub settings: Settings,
     pub names: Names,
@@ -219,7 +217,6 @@ impl TestEnv {
         declare_sink(&channel, &dispatched_queue, &names.dispatch).await;
         TestEnv {
             namespace,
-            database,
             database_url,
             settings,
             names,
@@ -706,44 +703,4 @@ pub async fn delete_keys(conn: &mut RedisConn, pattern: &str) {
             let _: redis::RedisResult<()> = conn.del(key).await;
         }
     }
-}
-
-/// A bench's `--name VALUE` argument, or `default`; exits 2 with a clear line on a bad value.
-pub fn flag<T: std::str::FromStr>(name: &str, default: T) -> T {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                eprintln!("{name} takes a number");
-                std::process::exit(2)
-            }),
-        None => default,
-    }
-}
-
-/// `INFO commandstats`: command -> (calls, microseconds executing it), server-wide (every
-/// client of the server counts). Commands a script runs are counted too, and their time is also
-/// inside the script's. The benches read it before and after a phase.
-pub async fn command_stats(
-    conn: &mut impl redis::aio::ConnectionLike,
-) -> std::collections::BTreeMap<String, (u64, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |f: &str| -> u64 {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(f))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            Some((name.to_owned(), (field("calls="), field("usec="))))
-        })
-        .collect()
 }

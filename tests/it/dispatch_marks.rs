@@ -2,7 +2,7 @@
 //! `PRUNE_EVERY` marks (so a recipient who keeps receiving messages does not grow it without
 //! end), and expires whole after its newest mark; on the single server and on the cluster.
 
-mod support;
+use crate::support;
 
 use chrono::Duration;
 use sendquota::limiter::keys;

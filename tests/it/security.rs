@@ -1,7 +1,7 @@
 //! Security properties end to end: secrets stay out of errors and logs, message content cannot
 //! steer Redis keys or SQL, Lua comes only from lua/, and the admin token must match exactly.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -241,7 +241,7 @@ fn malformed_urls_with_passwords_are_refused_without_repeating_them() {
 
 /// `redact_url` only knows `scheme://user:password@host` and `password=`; `check_urls` trusts
 /// the parsers not to repeat a URL. Neither holds for these URLs (found by the config fuzz in
-/// tests/input_fuzz.rs): lapin refuses a URL without a scheme with `Invalid URL: '<the URL>'`,
+/// tests/it/input_fuzz.rs): lapin refuses a URL without a scheme with `Invalid URL: '<the URL>'`,
 /// and lapin and sqlx accept `scheme:/user:password@host`, which `config check` then prints
 /// unredacted.
 #[test]

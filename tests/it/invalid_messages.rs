@@ -1,7 +1,7 @@
 //! Every kind of bad input goes to the invalid queue with its reason, is acked, and does not
 //! stop the worker: a valid message published after it is still decided.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

@@ -1,7 +1,7 @@
 //! Policies with several rules through the real worker: every kind next to the headline rule,
 //! all-or-nothing inside a scope, exact refunds across scopes, shadow and delay outcomes.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //! every case no key of the namespace lacks an expiry. Then one test per weak spot of the
 //! seeds these kinds replaced.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};

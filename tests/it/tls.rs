@@ -5,7 +5,7 @@
 //! their own. The worker runs as its binary, as in production: the crypto provider, the
 //! settings from the environment and the start-up errors are all the real ones.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};

@@ -3,7 +3,7 @@
 //! in-flight messages and exits cleanly without losing any. The binary runs
 //! on the number of runtime threads its configuration asks for.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};

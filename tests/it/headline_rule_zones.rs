@@ -2,7 +2,7 @@
 //! messages published at simulated times, outcomes read back from the dispatch exchange and
 //! from Postgres, in zones with clock changes, odd offsets and a midnight that does not exist.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

@@ -3,7 +3,7 @@
 //! answering from the cache gives every decision an uncached limiter gives, while answering
 //! many of them without Redis.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The `sendquota` binary end to end: exit codes, stdout and stderr as scripts see them.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::future::Future;

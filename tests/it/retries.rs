@@ -1,7 +1,7 @@
 //! A failure of Postgres or of the broker leaves the message unacked and retried with backoff;
 //! once the service accepts the outcome it lands exactly once and nothing is lost.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The denial history at scale: monthly partitions dropped whole by `prune`, and the operator
 //! queries answered from indexes on a table of 1,000,000 rows.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

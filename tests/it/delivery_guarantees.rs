@@ -1,6 +1,6 @@
 //! Idempotency by message id and the crash window, through the real services.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};

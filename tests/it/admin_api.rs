@@ -1,7 +1,7 @@
 //! The admin HTTP API served by the real worker: every route end to end, 401s, pagination,
 //! quota peek and audited reset, and the OpenAPI document matching the routes.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};

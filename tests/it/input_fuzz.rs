@@ -5,11 +5,11 @@
 //! The proptest runners are driven by hand (not the `proptest!` macro) so that each test can
 //! count the executions of its property exactly and print the count.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::stream::{self, StreamExt};
 use proptest::prelude::*;
@@ -585,7 +585,7 @@ fn a_request_at_the_size_limit_can_be_replayed() {
 // Settings::from_toml
 // ---------------------------------------------------------------------------------------------
 
-const EXAMPLE: &str = include_str!("../deploy/config.example.toml");
+const EXAMPLE: &str = include_str!("../../deploy/config.example.toml");
 
 /// A config with every kind, scope and on_deny, admin tokens and non-default settings.
 const EVERY_KIND: &str = r#"namespace = "fuzz.ns"
@@ -890,7 +890,7 @@ fn apply_config_edits(base: &str, edits: &[ConfigEdit]) -> String {
 /// Errors that repeat a configured value verbatim (`namespace "..."`, `rule "..."`,
 /// `unknown scope "..."`, lapin's `Invalid URL: '...'`, ...) span lines when that value holds
 /// a line break: a known defect of src/config.rs and src/policy/parse.rs (see
-/// `a_config_error_is_one_line_*`; the URL echo is in tests/security.rs). A line break anywhere
+/// `a_config_error_is_one_line_*`; the URL echo is in tests/it/security.rs). A line break anywhere
 /// else in an error fails the fuzz.
 fn echoes_a_multiline_value(err: &ConfigError) -> bool {
     line_breaks_only_in_quotes(&err.to_string())
@@ -1319,13 +1319,10 @@ async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and
     let remaining = scan_keys(&conn, &format!("{namespace}:*")).await;
     assert!(remaining.is_empty(), "{} keys left", remaining.len());
     guard.armed = false;
-    let total = started.elapsed();
+    // How fast this goes is the decisions bench's to say (`--hostile`), not a test's.
     eprintln!(
         "{RECIPIENTS} recipients: decided in {decided:?}, keys counted at {counted:?}, \
-         deleted at {total:?}"
-    );
-    assert!(
-        total < Duration::from_secs(30),
-        "100,000 decisions and cleanup took {total:?}"
+         deleted at {:?}",
+        started.elapsed()
     );
 }

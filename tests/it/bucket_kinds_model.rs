@@ -19,7 +19,7 @@
 //! per millisecond. Whole-send counts and millisecond instants do not depend on that choice, so
 //! agreeing on them checks the worker's reduction too.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

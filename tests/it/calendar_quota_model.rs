@@ -8,7 +8,7 @@
 //! a send only a zone further west still counts; and keys written before sends were kept as
 //! instants (local day numbers) still counting after the upgrade.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

@@ -6,7 +6,7 @@
 //! invalid routing repeated because its ack was lost in a crash or broker restart (the
 //! documented at-least-once window, at most the deliveries in flight) is counted and reported.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};

@@ -2,7 +2,7 @@
 //! replays at once or a replay killed midway; a replay that is denied again links to the denial
 //! it replayed; `--dry-run` changes nothing; `--rate` holds.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};

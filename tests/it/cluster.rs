@@ -3,7 +3,7 @@
 //! outcomes are the same as on one server. Both topologies get the decision scripts back
 //! after forgetting them, and the worker reads the version of every server it will use.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

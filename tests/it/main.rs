@@ -1,0 +1,30 @@
+//! The integration tests: one binary, one module per area, one shared harness (`support`).
+//!
+//! Every test talks to the real services (Redis, RabbitMQ, PostgreSQL); `deploy/local/test.sh`
+//! starts what they need and runs them. Run one area with a filter on its module, e.g.
+//! `deploy/local/test.sh tls::`.
+
+mod support;
+
+mod admin_api;
+mod bucket_kinds_model;
+mod calendar_quota_model;
+mod cli;
+mod cluster;
+mod config_fixtures;
+mod delivery_guarantees;
+mod denial_history;
+mod deny_cache;
+mod deploy_files;
+mod dispatch_marks;
+mod faults;
+mod headline_rule_zones;
+mod input_fuzz;
+mod invalid_messages;
+mod policy_outcomes;
+mod replay;
+mod resilience;
+mod retries;
+mod security;
+mod tls;
+mod window_kinds_model;
