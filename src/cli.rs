@@ -16,10 +16,11 @@ use crate::clock::{Clock, ManualClock, SystemClock};
 use crate::config::{ConfigError, Settings};
 use crate::decision;
 use crate::denials::{Denial, DenialFilter, DenialStore};
+use crate::failpoint;
 use crate::limiter::Limiter;
 use crate::message::SendRequest;
 use crate::store::RedisConn;
-use crate::worker::{self, Failpoint};
+use crate::worker;
 
 /// Publishes in flight at once when `publish` sends a file: enough to hide the confirm round
 /// trip, few enough to keep memory flat.
@@ -275,15 +276,8 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
                 Some(at) => Arc::new(ManualClock::new(parse_instant(&at)?)),
                 None => Arc::new(SystemClock),
             };
-            let failpoint = match std::env::var("SENDQUOTA_FAILPOINT").ok().as_deref() {
-                Some("hang-after-admit") => Some(Failpoint::HangAfterAdmit),
-                Some("stall-consumer-once") => Some(Failpoint::StallConsumerOnce),
-                Some("fail-stuck-ids") => Some(Failpoint::FailStuckIds),
-                Some(other) => {
-                    return Err(CliError::Input(format!(
-                        "unknown SENDQUOTA_FAILPOINT {other:?}"
-                    )))
-                }
+            let failpoint = match std::env::var("SENDQUOTA_FAILPOINT").ok() {
+                Some(value) => Some(failpoint::parse(&value).map_err(CliError::Input)?),
                 None => None,
             };
             // On a runtime worker thread, not the main thread: deliveries are then handed to

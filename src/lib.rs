@@ -30,6 +30,7 @@ pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod denials;
+pub mod failpoint;
 pub mod limiter;
 pub mod message;
 pub mod pipeline;

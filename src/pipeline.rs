@@ -17,12 +17,12 @@ use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::decision::{self, Outcome};
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
+use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Limiter, LimiterError, Verdict};
 use crate::message::SendRequest;
 use crate::policy::Policy;
 use crate::sent::SentMarks;
 use crate::telemetry;
-use crate::worker::Failpoint;
 
 /// Attempts at a dispatch mark, and the waits between them (doubling from the first to the
 /// largest): about 13 s in all, longer than a Redis restart or failover takes.
@@ -144,7 +144,9 @@ impl Pipeline {
                 return Ok(Handled::Invalid { reason });
             }
         };
-        if self.failpoint == Some(Failpoint::FailStuckIds) && message.id.starts_with("stuck-") {
+        if failpoint::armed(self.failpoint, Failpoint::FailStuckIds)
+            && message.id.starts_with("stuck-")
+        {
             let injected = std::io::Error::other("failpoint fail-stuck-ids");
             return Err(HandleError::Redis(injected.into()));
         }
@@ -189,7 +191,9 @@ impl Pipeline {
                     self.record(&message, verdict, true, verdict.retry_after, now, replay_of)
                         .await?;
                 }
-                if self.failpoint == Some(Failpoint::HangAfterAdmit) && evaluation.committed {
+                if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit)
+                    && evaluation.committed
+                {
                     tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
                     std::future::pending::<()>().await;
                 }

@@ -15,6 +15,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::acks::Settler;
 use crate::admin::{self, AdminState, Health};
+use crate::failpoint::{self, Failpoint};
 use lapin::message::Delivery;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -64,23 +65,6 @@ pub enum WorkerError {
     /// The admin API could not listen.
     #[error("admin API: {0}")]
     Admin(std::io::Error),
-}
-
-/// A deliberate stop inside the pipeline, for crash tests: the worker hangs right after Redis
-/// admitted a message, before dispatching it, so a test can kill it at exactly that point.
-/// Set with the environment variable `SENDQUOTA_FAILPOINT=hang-after-admit`; never in
-/// production configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failpoint {
-    /// Hang forever after the limiter committed an allowed message.
-    HangAfterAdmit,
-    /// The first broker session stops taking deliveries without any error, as a consumer
-    /// that silently died would; the watchdog must notice and restart the session.
-    StallConsumerOnce,
-    /// Every attempt at a message whose id starts with `stuck-` fails as if Redis were away,
-    /// while every other message goes through: failures specific to some messages, which must
-    /// not hold every slot.
-    FailStuckIds,
 }
 
 /// Runs the worker until `shutdown` completes, then drains in-flight messages.
@@ -182,7 +166,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let mut backoff = Backoff::new(&settings.worker);
-    let mut stall = failpoint == Some(Failpoint::StallConsumerOnce);
+    let mut stall = failpoint::armed(failpoint, Failpoint::StallConsumerOnce);
     let mut started = false;
     loop {
         let ended = session(

@@ -27,7 +27,7 @@ echo "test.sh: redis at ${SENDQUOTA_REDIS_URL:-redis://127.0.0.1:6379}, cluster 
 # What else is using the machine: the suite's timings (and its Redis timeouts) depend on it.
 echo "test.sh: $(uptime)" >&2
 ps -eo pcpu,rss,etime,comm --sort=-pcpu 2>/dev/null | head -n 6 >&2 || true
-cargo test --locked --no-run "$@"
+cargo test --locked --features failpoints --no-run "$@"
 wait "$tls_started" || { echo "test.sh: the TLS servers did not start (above)" >&2; exit 1; }
 # shellcheck disable=SC1090
 source "$tls_dir.env"
@@ -39,13 +39,13 @@ if cargo nextest --version >/dev/null 2>&1; then
   # One process per test, each test's duration reported (.config/nextest.toml kills a test
   # that runs over 5 minutes).
   timeout --kill-after=30 "${SENDQUOTA_TEST_TIMEOUT_S:-1800}" \
-    cargo nextest run --locked "$@" 2>&1 | tee "$log" || status=${PIPESTATUS[0]}
+    cargo nextest run --locked --features failpoints "$@" 2>&1 | tee "$log" || status=${PIPESTATUS[0]}
   echo "test.sh: the slowest tests (seconds):" >&2
   sed -nE 's/^ *(PASS|FAIL|SIGKILL|TIMEOUT|SIGSEGV|SIGABRT) \[ *([0-9.]+)s\] (\([ 0-9/]+\) )?(.*)$/\2 \1 \4/p' "$log" \
     | sort -rn | head -n 12 >&2
 else
   echo "test.sh: cargo-nextest is not installed; running cargo test (no per-test durations)" >&2
-  timeout --kill-after=30 "${SENDQUOTA_TEST_TIMEOUT_S:-1800}" cargo test --locked "$@" || status=$?
+  timeout --kill-after=30 "${SENDQUOTA_TEST_TIMEOUT_S:-1800}" cargo test --locked --features failpoints "$@" || status=$?
 fi
 rm -f "$log"
 if [ "$status" = 124 ] || [ "$status" = 137 ]; then

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use sendquota::clock::ManualClock;
-use sendquota::worker::Failpoint;
+use sendquota::failpoint::Failpoint;
 use support::http::{http, wait_until_ready};
 use support::private::free_port;
 use support::{local, request, TestEnv};
@@ -135,6 +135,11 @@ fn spawn_worker_binary(
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if failpoint {
+        assert!(
+            sendquota::failpoint::enabled(),
+            "{}",
+            support::NEEDS_FAILPOINTS
+        );
         cmd.env("SENDQUOTA_FAILPOINT", "hang-after-admit");
     } else {
         cmd.env_remove("SENDQUOTA_FAILPOINT");

@@ -13,7 +13,7 @@ use lapin::options::BasicGetOptions;
 use sendquota::broker::{self, Publisher};
 use sendquota::clock::ManualClock;
 use sendquota::config::QueueType;
-use sendquota::worker::Failpoint;
+use sendquota::failpoint::Failpoint;
 use support::http::http;
 use support::private::{free_port, PrivateRabbit};
 use support::{local, request, TestEnv};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use lapin::options::QueueBindOptions;
 use lapin::types::FieldTable;
 use sendquota::clock::ManualClock;
-use sendquota::worker::Failpoint;
+use sendquota::failpoint::Failpoint;
 use support::{local, request, TestEnv};
 
 #[tokio::test]

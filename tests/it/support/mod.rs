@@ -36,6 +36,10 @@ pub const START_HINT: &str = "start them with `deploy/local/services.sh` (the te
                               `deploy/local/test.sh` does this itself)";
 
 /// Longest wait for a message's outcome.
+/// Why a test that arms a failpoint cannot run in this build.
+pub const NEEDS_FAILPOINTS: &str =
+    "this test arms a failpoint: build with --features failpoints (deploy/local/test.sh does)";
+
 pub const OUTCOME_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn redis_url() -> String {
@@ -242,8 +246,12 @@ impl TestEnv {
     pub fn start_worker_with(
         &mut self,
         clock: &ManualClock,
-        failpoint: Option<sendquota::worker::Failpoint>,
+        failpoint: Option<sendquota::failpoint::Failpoint>,
     ) {
+        assert!(
+            failpoint.is_none() || sendquota::failpoint::enabled(),
+            "{NEEDS_FAILPOINTS}"
+        );
         let (stop, stopped) = oneshot::channel::<()>();
         let settings = self.settings.clone();
         let clock = Arc::new(clock.clone());

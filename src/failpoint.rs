@@ -1,0 +1,80 @@
+//! Deliberate faults for crash tests: a worker that hangs at exactly the point a test means to
+//! kill it, a consumer that silently stops, messages that fail while others go through. They
+//! are compiled in only with the cargo feature `failpoints`, which the test command turns on;
+//! in any other build no check is made (each compiles to `false`) and `SENDQUOTA_FAILPOINT` is
+//! refused at start.
+
+/// One fault, armed for the worker's whole life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failpoint {
+    /// Hang forever after the limiter committed an allowed message, before dispatching it.
+    HangAfterAdmit,
+    /// The first broker session stops taking deliveries without any error, as a consumer
+    /// that silently died would; the watchdog must notice and restart the session.
+    StallConsumerOnce,
+    /// Every attempt at a message whose id starts with `stuck-` fails as if Redis were away,
+    /// while every other message goes through: failures specific to some messages, which must
+    /// not hold every slot.
+    FailStuckIds,
+}
+
+/// Whether this build has failpoints (the cargo feature `failpoints`).
+pub fn enabled() -> bool {
+    cfg!(feature = "failpoints")
+}
+
+/// Whether `which` is the armed failpoint, in a build that has failpoints.
+pub fn armed(armed: Option<Failpoint>, which: Failpoint) -> bool {
+    enabled() && armed == Some(which)
+}
+
+/// The failpoint named by `SENDQUOTA_FAILPOINT`'s value, or why there is none.
+pub fn parse(value: &str) -> Result<Failpoint, String> {
+    if !enabled() {
+        return Err(format!(
+            "SENDQUOTA_FAILPOINT={value:?}: this build has no failpoints (cargo feature \
+             `failpoints`, for tests only)"
+        ));
+    }
+    match value {
+        "hang-after-admit" => Ok(Failpoint::HangAfterAdmit),
+        "stall-consumer-once" => Ok(Failpoint::StallConsumerOnce),
+        "fail-stuck-ids" => Ok(Failpoint::FailStuckIds),
+        other => Err(format!("unknown SENDQUOTA_FAILPOINT {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_test_build_knows_every_failpoint_by_name() {
+        assert_eq!(parse("hang-after-admit"), Ok(Failpoint::HangAfterAdmit));
+        assert_eq!(
+            parse("stall-consumer-once"),
+            Ok(Failpoint::StallConsumerOnce)
+        );
+        assert_eq!(parse("fail-stuck-ids"), Ok(Failpoint::FailStuckIds));
+        assert!(parse("nope").is_err());
+        assert!(armed(
+            Some(Failpoint::FailStuckIds),
+            Failpoint::FailStuckIds
+        ));
+    }
+
+    #[cfg(not(feature = "failpoints"))]
+    #[test]
+    fn a_production_build_refuses_failpoints_and_checks_none() {
+        let refused = parse("hang-after-admit").expect_err("no failpoints");
+        assert!(
+            refused.contains("this build has no failpoints"),
+            "{refused}"
+        );
+        assert!(!armed(
+            Some(Failpoint::HangAfterAdmit),
+            Failpoint::HangAfterAdmit
+        ));
+    }
+}
