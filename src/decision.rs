@@ -1,10 +1,37 @@
-//! From every rule's verdict to one outcome for the message. Pure: no I/O, no clock.
+//! From every rule's verdict to one outcome for the message. Pure: no I/O, no clock; the
+//! limiter produces the verdicts.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::limiter::Verdict;
+use crate::outcome::OutcomeName;
 use crate::policy::OnDeny;
+
+/// One rule's verdict on one message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The rule's name.
+    pub rule: String,
+    /// The rule's kind.
+    pub kind: &'static str,
+    /// What the rule's refusal does.
+    #[serde(skip)]
+    pub on_deny: OnDeny,
+    /// Whether the rule admits the message.
+    pub allowed: bool,
+    /// Whether the message id had been admitted before (nothing consumed again).
+    #[serde(skip)]
+    pub already: bool,
+    /// What the rule still allows after this decision (`None` for kinds that do not count,
+    /// such as quiet hours).
+    pub remaining: Option<i64>,
+    /// When the rule would next admit a send; `None` when it admits this one, or when it never
+    /// will (a cost above a bucket's capacity).
+    pub retry_after: Option<DateTime<Utc>>,
+    /// Why it refused (empty when it allowed).
+    #[serde(skip)]
+    pub reason: String,
+}
 
 /// What happens to a message, decided from its rules' verdicts.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,20 +56,6 @@ pub enum Outcome {
         /// When to decide again.
         until: DateTime<Utc>,
     },
-}
-
-/// Outcome names as the CLI and API print them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeName {
-    /// Dispatched.
-    Allow,
-    /// Denied and recorded.
-    Deny,
-    /// Parked until retry_after.
-    Delay,
-    /// Dispatched, with would-be denials recorded.
-    Shadow,
 }
 
 /// Decides the outcome from the verdicts of every rule that applies, in policy order.
@@ -101,18 +114,6 @@ impl Outcome {
     }
 }
 
-impl OutcomeName {
-    /// The name as printed and used as a metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutcomeName::Allow => "allow",
-            OutcomeName::Deny => "deny",
-            OutcomeName::Delay => "delay",
-            OutcomeName::Shadow => "shadow",
-        }
-    }
-}
-
 /// Every rule's verdict and the outcome, as `check` and `POST /v1/check` print them.
 pub fn report(verdicts: &[Verdict]) -> serde_json::Value {
     let rfc3339 = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
@@ -140,7 +141,7 @@ pub fn report(verdicts: &[Verdict]) -> serde_json::Value {
 /// The report of a message whose id was dispatched before: nothing was decided, so no outcome
 /// of [`decide`] applies. Same fields as [`report`], for callers that print either.
 pub fn duplicate_report() -> serde_json::Value {
-    serde_json::json!({"outcome": "duplicate", "rule": null, "retry_after": null, "rules": []})
+    serde_json::json!({"outcome": OutcomeName::Duplicate, "rule": null, "retry_after": null, "rules": []})
 }
 
 impl Outcome {

@@ -33,6 +33,7 @@ pub mod denials;
 pub mod failpoint;
 pub mod limiter;
 pub mod message;
+pub mod outcome;
 pub mod pipeline;
 pub mod policy;
 pub mod quarantine;

@@ -15,11 +15,13 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
+use crate::decision::Verdict;
 use crate::decision::{self, Outcome};
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::failpoint::{self, Failpoint};
-use crate::limiter::{Limiter, LimiterError, Verdict};
+use crate::limiter::{Limiter, LimiterError};
 use crate::message::SendRequest;
+use crate::outcome::{Failure, Handled, OutcomeName};
 use crate::policy::Policy;
 use crate::sent::SentMarks;
 use crate::telemetry;
@@ -29,36 +31,6 @@ use crate::telemetry;
 const MARK_ATTEMPTS: u32 = 12;
 const MARK_RETRY_FIRST: Duration = Duration::from_millis(50);
 const MARK_RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// What happened to a message.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Handled {
-    /// Published to the dispatch exchange; `shadow` rules would have refused it.
-    Dispatched {
-        /// Shadow rules that would have refused.
-        shadow: Vec<String>,
-    },
-    /// Denied by `rule`; a denial row was written.
-    Denied {
-        /// The rule the denial is recorded under.
-        rule: String,
-    },
-    /// Parked until `until`.
-    Delayed {
-        /// When it will be decided again.
-        until: DateTime<Utc>,
-    },
-    /// Not a valid request; sent to the invalid queue.
-    Invalid {
-        /// Why.
-        reason: String,
-    },
-    /// Already dispatched earlier (a redelivery); nothing done.
-    Duplicate,
-    /// Another delivery of the same message id is in flight (see [`crate::claim`]): sent
-    /// through the shortest delay queue to be decided again once that one is done.
-    InFlight,
-}
 
 /// A failure that leaves the message unacked, to be retried.
 #[derive(Debug, thiserror::Error)]
@@ -78,10 +50,13 @@ pub enum HandleError {
 }
 
 impl HandleError {
-    /// Whether the failure is this message's own and retrying cannot cure it (Postgres refuses
-    /// its denial row's data), as opposed to a service being away, which retrying outlasts.
-    pub fn is_permanent(&self) -> bool {
-        matches!(self, HandleError::Denials(DenialError::Refused { .. }))
+    /// How the attempt failed: a refusal of this message's own data (Postgres refused its
+    /// denial row), or a service being away, which retrying outlasts.
+    pub fn failure(&self) -> Failure {
+        match self {
+            HandleError::Denials(DenialError::Refused { .. }) => Failure::Refused,
+            _ => Failure::Transient,
+        }
     }
 }
 
@@ -140,7 +115,7 @@ impl Pipeline {
                     .publish("", &self.names.invalid, body, props)
                     .await?;
                 metrics::counter!(telemetry::INVALID).increment(1);
-                self.metrics.outcome("invalid");
+                self.metrics.outcome(OutcomeName::Invalid);
                 return Ok(Handled::Invalid { reason });
             }
         };
@@ -162,7 +137,7 @@ impl Pipeline {
             .decision_seconds
             .record(started.elapsed().as_secs_f64());
         if evaluation.dispatched {
-            self.metrics.outcome("duplicate");
+            self.metrics.outcome(OutcomeName::Duplicate);
             return Ok(Handled::Duplicate);
         }
         if evaluation.in_flight.is_some() {
@@ -173,7 +148,7 @@ impl Pipeline {
             }
             let props = broker::json_properties(Some(&message.id), &headers);
             publisher.publish("", &queue, body, props).await?;
-            self.metrics.outcome("in_flight");
+            self.metrics.outcome(OutcomeName::InFlight);
             return Ok(Handled::InFlight);
         }
         for v in &evaluation.verdicts {
@@ -181,7 +156,7 @@ impl Pipeline {
         }
         let outcome = decision::decide(&evaluation.verdicts)
             .postponed(|t| Limiter::admissible_after(&self.policy, &message, t));
-        self.metrics.outcome(outcome.name().as_str());
+        self.metrics.outcome(outcome.name());
         match outcome {
             Outcome::Allow { shadow_refusals } => {
                 // The claim lives while the message is in flight: a publish can wait out a

@@ -9,6 +9,8 @@ use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
+use crate::outcome::OutcomeName;
+
 /// Counter: messages decided, by `outcome` (allow, deny, delay, shadow, duplicate, invalid).
 pub const DECISIONS: &str = "sendquota_decisions_total";
 /// Counter: rule verdicts, by `rule` and `verdict` (allow, deny).
@@ -67,22 +69,11 @@ pub fn prometheus() -> &'static PrometheusHandle {
     })
 }
 
-/// The values the `outcome` label of [`DECISIONS`] takes.
-const OUTCOMES: [&str; 7] = [
-    "allow",
-    "deny",
-    "delay",
-    "shadow",
-    "duplicate",
-    "in_flight",
-    "invalid",
-];
-
 /// The metrics recorded for every message, registered once. `metrics::counter!` with labels
 /// builds, hashes and looks up its key on every call, work repeated for every message that
 /// registered handles do once: a message's metrics are then increments of handles held here.
 pub struct MessageMetrics {
-    outcomes: [Counter; OUTCOMES.len()],
+    outcomes: [Counter; OutcomeName::ALL.len()],
     verdicts: HashMap<String, [Counter; 2]>,
     /// [`DECISION_SECONDS`].
     pub decision_seconds: Histogram,
@@ -97,7 +88,8 @@ impl MessageMetrics {
     pub fn register<'a>(rules: impl IntoIterator<Item = &'a str>) -> MessageMetrics {
         let verdict = |rule: &str, verdict: &'static str| metrics::counter!(RULE_VERDICTS, "rule" => rule.to_owned(), "verdict" => verdict);
         MessageMetrics {
-            outcomes: OUTCOMES.map(|outcome| metrics::counter!(DECISIONS, "outcome" => outcome)),
+            outcomes: OutcomeName::ALL
+                .map(|outcome| metrics::counter!(DECISIONS, "outcome" => outcome.as_str())),
             verdicts: rules
                 .into_iter()
                 .map(|rule| {
@@ -113,11 +105,10 @@ impl MessageMetrics {
         }
     }
 
-    /// Counts one message decided with `outcome` (one of the [`DECISIONS`] label values).
-    pub fn outcome(&self, outcome: &'static str) {
-        match OUTCOMES.iter().position(|o| *o == outcome) {
-            Some(i) => self.outcomes[i].increment(1),
-            None => metrics::counter!(DECISIONS, "outcome" => outcome).increment(1),
+    /// Counts one message decided with `outcome`.
+    pub fn outcome(&self, outcome: OutcomeName) {
+        if let Some(i) = OutcomeName::ALL.iter().position(|o| *o == outcome) {
+            self.outcomes[i].increment(1);
         }
     }
 
@@ -164,8 +155,8 @@ mod tests {
     fn registered_message_metrics_land_in_the_prometheus_output() {
         let handle = prometheus();
         let m = MessageMetrics::register(["metrics-test-rule"]);
-        m.outcome("duplicate");
-        m.outcome("duplicate");
+        m.outcome(OutcomeName::Duplicate);
+        m.outcome(OutcomeName::Duplicate);
         m.verdict("metrics-test-rule", false);
         m.verdict("metrics-test-unregistered", true);
         let out = handle.render();

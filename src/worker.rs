@@ -28,17 +28,14 @@ use crate::config::Settings;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::limiter::deny_cache::DenyCache;
 use crate::limiter::Limiter;
-use crate::pipeline::{Handled, Pipeline, Poison};
+use crate::outcome::{self, Failure, Handled, Next};
+use crate::pipeline::{Pipeline, Poison};
 use crate::sent::SentMarks;
 use crate::store::RedisConn;
 use crate::telemetry;
 
 /// How often buffered histogram samples are folded into their buckets.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
-
-/// A message whose handling fails this many times in a row with a refusal of its own (see
-/// `HandleError::is_permanent`) is quarantined: a few tries rule out a passing fault.
-const QUARANTINE_AFTER: u32 = 3;
 
 /// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
 const SKEW_WARNING_MS: i64 = 1_000;
@@ -412,12 +409,11 @@ impl Task {
                 Err(e) => {
                     let error = e.to_string();
                     first_error.get_or_insert_with(|| error.clone());
-                    refused_in_a_row = if e.is_permanent() {
-                        refused_in_a_row + 1
-                    } else {
-                        0
+                    refused_in_a_row = match e.failure() {
+                        Failure::Refused => refused_in_a_row + 1,
+                        Failure::Transient => 0,
                     };
-                    if refused_in_a_row >= QUARANTINE_AFTER {
+                    if outcome::after_failure(refused_in_a_row) == Next::Quarantine {
                         let poison = Poison {
                             reason: error.clone(),
                             attempts,

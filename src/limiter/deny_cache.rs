@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 
-use super::Verdict;
+use crate::decision::Verdict;
 use crate::message::SendRequest;
 use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 

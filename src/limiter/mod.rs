@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use serde::Serialize;
 
 use crate::claim::Claim;
+use crate::decision::Verdict;
 use crate::message::SendRequest;
 use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
@@ -31,32 +31,6 @@ pub enum LimiterError {
     /// Redis was unreachable, timed out, or the script failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-}
-
-/// One rule's verdict on one message.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Verdict {
-    /// The rule's name.
-    pub rule: String,
-    /// The rule's kind.
-    pub kind: &'static str,
-    /// What the rule's refusal does.
-    #[serde(skip)]
-    pub on_deny: OnDeny,
-    /// Whether the rule admits the message.
-    pub allowed: bool,
-    /// Whether the message id had been admitted before (nothing consumed again).
-    #[serde(skip)]
-    pub already: bool,
-    /// What the rule still allows after this decision (`None` for kinds that do not count,
-    /// such as quiet hours).
-    pub remaining: Option<i64>,
-    /// When the rule would next admit a send; `None` when it admits this one, or when it never
-    /// will (a cost above a bucket's capacity).
-    pub retry_after: Option<DateTime<Utc>>,
-    /// Why it refused (empty when it allowed).
-    #[serde(skip)]
-    pub reason: String,
 }
 
 /// Every applicable rule's verdict, and whether quota was consumed.

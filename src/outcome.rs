@@ -1,0 +1,165 @@
+//! What became of a message: the one list of outcome names (as `check`, the API and the
+//! `outcome` metric label spell them), what a handled delivery came to, and what the worker
+//! does after an attempt that failed. Pure: the pipeline produces these, the worker acts on
+//! them (ack, retry, quarantine).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Every outcome a message can have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeName {
+    /// Dispatched.
+    Allow,
+    /// Denied and recorded.
+    Deny,
+    /// Parked until retry_after.
+    Delay,
+    /// Dispatched, with would-be denials recorded.
+    Shadow,
+    /// Its id was dispatched before (a redelivery or a producer's retry): nothing done.
+    Duplicate,
+    /// Another delivery of its id is in flight: decided again once that one is done.
+    InFlight,
+    /// Not a valid request: sent to the invalid queue.
+    Invalid,
+}
+
+impl OutcomeName {
+    /// Every outcome, for registering one metric series each.
+    pub const ALL: [OutcomeName; 7] = [
+        OutcomeName::Allow,
+        OutcomeName::Deny,
+        OutcomeName::Delay,
+        OutcomeName::Shadow,
+        OutcomeName::Duplicate,
+        OutcomeName::InFlight,
+        OutcomeName::Invalid,
+    ];
+
+    /// The name as printed and used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeName::Allow => "allow",
+            OutcomeName::Deny => "deny",
+            OutcomeName::Delay => "delay",
+            OutcomeName::Shadow => "shadow",
+            OutcomeName::Duplicate => "duplicate",
+            OutcomeName::InFlight => "in_flight",
+            OutcomeName::Invalid => "invalid",
+        }
+    }
+}
+
+/// What handling one delivery came to, once its outcome is durable: the worker acks it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// Published to the dispatch exchange; `shadow` rules would have refused it.
+    Dispatched {
+        /// Shadow rules that would have refused.
+        shadow: Vec<String>,
+    },
+    /// Denied by `rule`; a denial row was written.
+    Denied {
+        /// The rule the denial is recorded under.
+        rule: String,
+    },
+    /// Parked until `until`.
+    Delayed {
+        /// When it will be decided again.
+        until: DateTime<Utc>,
+    },
+    /// Not a valid request; sent to the invalid queue.
+    Invalid {
+        /// Why.
+        reason: String,
+    },
+    /// Already dispatched earlier (a redelivery); nothing done.
+    Duplicate,
+    /// Another delivery of the same message id is in flight (see [`crate::claim`]): sent
+    /// through the shortest delay queue to be decided again once that one is done.
+    InFlight,
+}
+
+impl Handled {
+    /// The outcome's name.
+    pub fn name(&self) -> OutcomeName {
+        match self {
+            Handled::Dispatched { shadow } if shadow.is_empty() => OutcomeName::Allow,
+            Handled::Dispatched { .. } => OutcomeName::Shadow,
+            Handled::Denied { .. } => OutcomeName::Deny,
+            Handled::Delayed { .. } => OutcomeName::Delay,
+            Handled::Invalid { .. } => OutcomeName::Invalid,
+            Handled::Duplicate => OutcomeName::Duplicate,
+            Handled::InFlight => OutcomeName::InFlight,
+        }
+    }
+}
+
+/// How an attempt at a message failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// A service was away, slow or failing (an outage, a timeout): retrying outlasts it.
+    Transient,
+    /// A service refused this message's own data (Postgres SQLSTATE class 22 for its denial
+    /// row): retrying cannot cure it.
+    Refused,
+}
+
+/// Refusals in a row after which a message is poison: a couple of retries rule out a refusal
+/// that was the service's passing state, and a poison message holds its slot only that long.
+pub const QUARANTINE_AFTER: u32 = 3;
+
+/// What the worker does after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Try again after a backoff (and, once it has failed long enough, from a delay queue).
+    Retry,
+    /// Move it to the quarantine queue, give back what it took, and ack it.
+    Quarantine,
+}
+
+/// What follows a failed attempt, given how many attempts in a row ended in a refusal (this
+/// one included).
+pub fn after_failure(refused_in_a_row: u32) -> Next {
+    if refused_in_a_row >= QUARANTINE_AFTER {
+        Next::Quarantine
+    } else {
+        Next::Retry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_serialize_as_their_labels() {
+        for name in OutcomeName::ALL {
+            assert_eq!(
+                serde_json::to_value(name).expect("serializes"),
+                serde_json::Value::from(name.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn a_dispatch_that_shadow_rules_refused_is_a_shadow_outcome() {
+        let shadow = Handled::Dispatched {
+            shadow: vec!["night".to_owned()],
+        };
+        assert_eq!(shadow.name(), OutcomeName::Shadow);
+        assert_eq!(
+            Handled::Dispatched { shadow: vec![] }.name(),
+            OutcomeName::Allow
+        );
+    }
+
+    #[test]
+    fn only_repeated_refusals_quarantine() {
+        assert_eq!(after_failure(0), Next::Retry);
+        assert_eq!(after_failure(QUARANTINE_AFTER - 1), Next::Retry);
+        assert_eq!(after_failure(QUARANTINE_AFTER), Next::Quarantine);
+    }
+}
