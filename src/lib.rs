@@ -15,7 +15,7 @@
 //! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store` (the Redis
 //! connection, single or cluster, through redis-rs), `tls` (certificate files and the process's one
 //! rustls crypto provider), `broker` (RabbitMQ through lapin: connections, topology and confirmed
-//! publishing), `sent` (dispatch marks that stop a redelivery from being sent twice), `claim`
+//! publishing), `dedup` (dispatch marks that stop a redelivery from being sent twice), `claim`
 //! (in-flight claims: one delivery of a message id at a time), `denials` (the Postgres history
 //! operators query), `quarantine` (the operator's side of the quarantine queue), `acks`
 //! (coalesced acks), `admin` (the admin HTTP API), `replay` (replaying denials from cron),
@@ -29,6 +29,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod decision;
+pub mod dedup;
 pub mod denials;
 pub mod failpoint;
 pub mod limiter;
@@ -38,7 +39,6 @@ pub mod pipeline;
 pub mod policy;
 pub mod quarantine;
 pub mod replay;
-pub mod sent;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

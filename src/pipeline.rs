@@ -6,7 +6,7 @@
 //! part of it is idempotent by message id, so a retry never consumes quota twice.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
@@ -17,20 +17,14 @@ use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::decision::Verdict;
 use crate::decision::{self, Outcome};
+use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Limiter, LimiterError};
 use crate::message::SendRequest;
 use crate::outcome::{Failure, Handled, OutcomeName};
 use crate::policy::Policy;
-use crate::sent::SentMarks;
 use crate::telemetry;
-
-/// Attempts at a dispatch mark, and the waits between them (doubling from the first to the
-/// largest): about 13 s in all, longer than a Redis restart or failover takes.
-const MARK_ATTEMPTS: u32 = 12;
-const MARK_RETRY_FIRST: Duration = Duration::from_millis(50);
-const MARK_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// A failure that leaves the message unacked, to be retried.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +72,7 @@ pub struct Pipeline {
     /// Quota state in Redis.
     pub limiter: Limiter,
     /// Dispatch marks in Redis.
-    pub sent: SentMarks,
+    pub marks: DispatchMarks,
     /// The denial history, written in batches.
     pub denials: DenialWriter,
     /// The worker's clock.
@@ -180,7 +174,7 @@ impl Pipeline {
                 self.metrics
                     .dispatch_seconds
                     .record(started.elapsed().as_secs_f64());
-                self.mark_dispatched(&message, now).await?;
+                self.marks.mark_dispatched(&message, now).await?;
                 Ok(Handled::Dispatched {
                     shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
                 })
@@ -289,31 +283,6 @@ impl Pipeline {
         if let Ok(message) = SendRequest::decode(body, self.max_body_bytes) {
             claim.release(&self.limiter, &message).await;
         }
-    }
-
-    /// Writes the dispatch mark of a message the broker has confirmed. A failed write (Redis
-    /// restarting, say) is retried here rather than by handling the message again: the quota
-    /// already holds the id, so handling it again would dispatch it a second time. Gives up
-    /// after about 13 s; the message then goes back to the queue and may be dispatched again,
-    /// as after a crash in the same window.
-    async fn mark_dispatched(
-        &self,
-        message: &SendRequest,
-        now: DateTime<Utc>,
-    ) -> Result<(), redis::RedisError> {
-        let mut wait = MARK_RETRY_FIRST;
-        for _ in 1..MARK_ATTEMPTS {
-            match self.sent.mark(&message.recipient, &message.id, now).await {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    tracing::warn!(message_id = %message.id, error = %e,
-                        retry_in_ms = wait.as_millis() as u64, "dispatch mark not written");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MARK_RETRY_MAX);
-                }
-            }
-        }
-        self.sent.mark(&message.recipient, &message.id, now).await
     }
 
     async fn record(

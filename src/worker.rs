@@ -25,12 +25,12 @@ use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::limiter::deny_cache::DenyCache;
 use crate::limiter::Limiter;
 use crate::outcome::{self, Failure, Handled, Next};
 use crate::pipeline::{Pipeline, Poison};
-use crate::sent::SentMarks;
 use crate::store::RedisConn;
 use crate::telemetry;
 
@@ -132,7 +132,7 @@ pub async fn run(
     let pipeline = Arc::new(Pipeline {
         policy,
         limiter,
-        sent: SentMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
+        marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials: DenialWriter::spawn(
             denials,
             settings.worker.denial_batch_size,

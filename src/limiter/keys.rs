@@ -55,7 +55,7 @@ pub fn scope_tag(scope: &ScopeValue<'_>) -> String {
 }
 
 /// `parts` joined by `:`.
-fn join(parts: &[&str]) -> String {
+pub(crate) fn join(parts: &[&str]) -> String {
     let mut out = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
@@ -78,24 +78,11 @@ pub fn ids_key(rule_key: &str) -> String {
     join(&[rule_key, "ids"])
 }
 
-/// The sorted set of a recipient's dispatched message ids (score: when the mark expires, in
-/// epoch ms). It carries the recipient's hash tag, so the decision script of the recipient
-/// scope can read it in the same call; with three segments after the namespace it cannot
-/// collide with a rule's key, which has four.
-pub fn sent_key(namespace: &str, tag: &str) -> String {
-    join(&[namespace, tag, "sent"])
-}
-
 /// The recipient's in-flight claims (a hash: message id -> holder and expiry; see
 /// [`crate::claim`]), under the recipient's hash tag so the decision script reads it with the
 /// quota.
 pub fn claims_key(namespace: &str, tag: &str) -> String {
     join(&[namespace, tag, "claims"])
-}
-
-/// [`sent_key`] of `recipient`, for callers that do not hold the recipient's tag already.
-pub fn recipient_sent_key(namespace: &str, recipient: &str) -> String {
-    sent_key(namespace, &scope_tag(&ScopeValue::Recipient(recipient)))
 }
 
 #[cfg(test)]
@@ -145,6 +132,5 @@ mod tests {
         let key = rule_key("ns", &tag, "rate", "gcra");
         assert_eq!(key, "ns:{c:sms}:rate:gcra");
         assert_eq!(ids_key(&key), "ns:{c:sms}:rate:gcra:ids");
-        assert_eq!(recipient_sent_key("ns", "r1"), "ns:{r:r1}:sent");
     }
 }

@@ -19,6 +19,7 @@ use chrono_tz::Tz;
 
 use crate::claim::Claim;
 use crate::decision::Verdict;
+use crate::dedup;
 use crate::message::SendRequest;
 use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
@@ -230,7 +231,10 @@ impl Limiter {
                 [3, wait] => return Ok(Evaluation::in_flight(*wait)),
                 _ => {}
             }
-        } else if commit && !marks_read && self.is_marked(message, now).await? {
+        } else if commit
+            && !marks_read
+            && dedup::is_marked(&self.conn, &self.namespace, message, now).await?
+        {
             return Ok(Evaluation::dispatched());
         }
         for call in calls {
@@ -371,7 +375,7 @@ impl Limiter {
         let call = ScopeCall {
             rules: Vec::new(),
             keys: vec![
-                keys::sent_key(&self.namespace, &tag),
+                dedup::sent_key(&self.namespace, &tag),
                 keys::claims_key(&self.namespace, &tag),
             ],
             reads_marks: true,
@@ -381,24 +385,6 @@ impl Limiter {
         };
         call.invoke(&mut self.conn.clone(), now, &message.id, mode, Some(claim))
             .await
-    }
-
-    /// Whether `message` holds an unexpired dispatch mark, read on its own: for committing
-    /// decisions without a recipient-scope rule, whose script calls cannot reach the marks.
-    async fn is_marked(
-        &self,
-        message: &SendRequest,
-        now: DateTime<Utc>,
-    ) -> redis::RedisResult<bool> {
-        let expires: Option<i64> = redis::cmd("ZSCORE")
-            .arg(keys::recipient_sent_key(
-                &self.namespace,
-                &message.recipient,
-            ))
-            .arg(&message.id)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(expires.is_some_and(|ms| ms > now.timestamp_millis()))
     }
 
     /// Caches a denial of an eligible policy: valid until the first refusing rule would allow
@@ -437,7 +423,7 @@ impl Limiter {
                 -1,
             );
         }
-        read.zrange(keys::sent_key(&self.namespace, &tag), 0, -1);
+        read.zrange(dedup::sent_key(&self.namespace, &tag), 0, -1);
         let replies: Vec<Vec<String>> = read.query_async(&mut self.conn.clone()).await?;
         let admitted: HashSet<String> = replies.into_iter().flatten().collect();
         cache.fill(
@@ -574,7 +560,7 @@ impl Limiter {
                 }
                 let reads_marks = marks && scope == Scope::Recipient;
                 if reads_marks {
-                    rule_keys.push(keys::sent_key(&self.namespace, &tag));
+                    rule_keys.push(dedup::sent_key(&self.namespace, &tag));
                 }
                 let claims = reads_marks && claims;
                 if claims {

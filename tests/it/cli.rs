@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use chrono::{Duration, SecondsFormat, SubsecRound, Utc};
 use sendquota::clock::ManualClock;
-use sendquota::sent::SentMarks;
+use sendquota::dedup::DispatchMarks;
 use serde_json::{json, Value};
 use support::{request, TestEnv};
 
@@ -253,7 +253,7 @@ async fn check_decides_without_consuming_unless_commit_and_a_deny_names_the_next
         })
     );
     // Once m1 is dispatched (the worker marks it), committing it again decides nothing.
-    let marks = SentMarks::new(env.redis.clone(), &env.namespace, 3600);
+    let marks = DispatchMarks::new(env.redis.clone(), &env.namespace, 3600);
     let at = "2026-02-02T10:00:00Z";
     marks
         .mark("alice", "m1", at.parse().expect("instant"))

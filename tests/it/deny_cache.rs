@@ -12,11 +12,11 @@ use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
 use sendquota::clock::ManualClock;
 use sendquota::config::Settings;
+use sendquota::dedup::DispatchMarks;
 use sendquota::limiter::deny_cache::DenyCache;
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
 use sendquota::policy::Policy;
-use sendquota::sent::SentMarks;
 use support::{local, request, TestEnv};
 
 const ZONES: [&str; 3] = ["UTC", "America/New_York", "Asia/Kathmandu"];
@@ -74,7 +74,7 @@ fn exact_over_random_workloads(toml: &str, min_hit_one_in: u64) {
         let cached = Limiter::new(redis.clone(), &cached_ns).with_deny_cache(cache.clone());
         let plain = Limiter::new(redis.clone(), &plain_ns);
         let marks =
-            [&cached_ns, &plain_ns].map(|ns| SentMarks::new(redis.clone(), ns, DEDUP_TTL_S));
+            [&cached_ns, &plain_ns].map(|ns| DispatchMarks::new(redis.clone(), ns, DEDUP_TTL_S));
         let mut now: DateTime<Utc> = "2026-03-07T20:00:00Z".parse().expect("instant");
         let outcome = rt.block_on(async {
             for (step, op) in ops.iter().enumerate() {
@@ -199,7 +199,7 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
     let cached = Limiter::new(redis.clone(), &ns).with_deny_cache(cache.clone());
     let plain = Limiter::new(redis.clone(), &ns);
     // Marks outlive the quota's memory of a send (the window plus two days).
-    let marks = SentMarks::new(redis.clone(), &ns, 14 * 24 * 3600);
+    let marks = DispatchMarks::new(redis.clone(), &ns, 14 * 24 * 3600);
     let policy = policy("");
     let message = |id: &str| {
         SendRequest::decode(request(id, "alice", "UTC").to_string().as_bytes(), 1 << 16)

@@ -5,8 +5,7 @@
 use crate::support;
 
 use chrono::Duration;
-use sendquota::limiter::keys;
-use sendquota::sent::{SentMarks, PRUNE_EVERY};
+use sendquota::dedup::{recipient_sent_key, DispatchMarks, PRUNE_EVERY};
 use support::local;
 
 const TTL_S: u64 = 60;
@@ -16,8 +15,8 @@ async fn expired_marks_are_dropped_within_prune_every_marks_and_live_ones_kept()
     for (target, settings) in support::redis_targets() {
         let mut redis = support::connect_redis(&settings).await;
         let ns = support::unique("sqtmarks");
-        let marks = SentMarks::new(redis.clone(), &ns, TTL_S);
-        let key = keys::recipient_sent_key(&ns, "a}{b:c");
+        let marks = DispatchMarks::new(redis.clone(), &ns, TTL_S);
+        let key = recipient_sent_key(&ns, "a}{b:c");
         let n = usize::try_from(PRUNE_EVERY).expect("small");
         let t0 = local("UTC", "2026-05-01 09:00");
         for i in 0..n {
