@@ -206,7 +206,7 @@ pub struct WorkerSettings {
     /// messages still unacked after that return to the queue.
     pub shutdown_timeout_ms: u64,
     /// Answer repeat denials of recipients known to be full from memory (exact; see
-    /// `limiter::deny_cache`). Needs Redis pub/sub; off on Redis Cluster.
+    /// `deny_cache`). Needs Redis pub/sub; off on Redis Cluster.
     pub deny_cache: bool,
     /// Largest number of denials written in one transaction.
     pub denial_batch_size: usize,

@@ -31,6 +31,7 @@ pub mod config;
 pub mod decision;
 pub mod dedup;
 pub mod denials;
+pub mod deny_cache;
 pub mod failpoint;
 pub mod limiter;
 pub mod message;

@@ -27,7 +27,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
-use crate::limiter::deny_cache::DenyCache;
+use crate::deny_cache::{self, DenyCache};
 use crate::limiter::Limiter;
 use crate::outcome::{self, Failure, Handled, Next};
 use crate::pipeline::{Pipeline, Poison};
@@ -98,9 +98,9 @@ pub async fn run(
     let mut limiter = Limiter::new(redis.clone(), &settings.namespace);
     if settings.worker.deny_cache && settings.redis.cluster_urls.is_empty() {
         let cache = Arc::new(DenyCache::new());
-        tokio::spawn(listen_for_invalidations(
+        tokio::spawn(deny_cache::listen(
             settings.redis.clone(),
-            limiter.invalidation_channel(),
+            deny_cache::channel(&settings.namespace),
             cache.clone(),
             stop.clone(),
         ));
@@ -538,56 +538,6 @@ impl Backoff {
             .map(|d| u64::from(d.subsec_nanos()))
             .unwrap_or(0);
         Duration::from_millis(base + nanos % (base / 4 + 1))
-    }
-}
-
-/// Keeps the deny cache subscribed to quota-freeing events; the cache is on only while the
-/// subscription is up, so no invalidation can be missed.
-async fn listen_for_invalidations(
-    redis: crate::config::RedisSettings,
-    channel: String,
-    cache: Arc<DenyCache>,
-    stop: watch::Receiver<bool>,
-) {
-    let mut backoff_ms = 100;
-    loop {
-        let subscribed = async {
-            let client = crate::store::client(&redis.url, &redis.tls)?;
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            redis::RedisResult::Ok(pubsub)
-        };
-        match subscribed.await {
-            Ok(mut pubsub) => {
-                backoff_ms = 100;
-                cache.enable(true);
-                let mut messages = pubsub.on_message();
-                loop {
-                    let mut stop = stop.clone();
-                    tokio::select! {
-                        message = messages.next() => match message {
-                            Some(m) => {
-                                if let Ok(recipient) = m.get_payload::<String>() {
-                                    cache.invalidate(&recipient);
-                                }
-                            }
-                            None => break,
-                        },
-                        _ = stop.wait_for(|s| *s) => {
-                            cache.enable(false);
-                            return;
-                        }
-                    }
-                }
-                warn!("deny cache subscription lost; cache off until it is back");
-                cache.enable(false);
-            }
-            Err(e) => warn!(error = %e, "deny cache cannot subscribe; cache off"),
-        }
-        if sleep_or_stop(Duration::from_millis(backoff_ms), &stop).await {
-            return;
-        }
-        backoff_ms = (backoff_ms * 2).min(5_000);
     }
 }
 

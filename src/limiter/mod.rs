@@ -6,7 +6,6 @@
 //! refunded, so a message that is not dispatched leaves no quota consumed.
 
 pub mod calendar;
-pub mod deny_cache;
 pub mod keys;
 mod kinds;
 pub mod script;
@@ -20,10 +19,10 @@ use chrono_tz::Tz;
 use crate::claim::Claim;
 use crate::decision::Verdict;
 use crate::dedup;
+use crate::deny_cache::{self, DenyCache};
 use crate::message::SendRequest;
 use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
-use deny_cache::DenyCache;
 use script::{KindSet, Mode, RawResult, ScopeReply};
 
 /// Failures talking to Redis. Any of them means "decide this message again later".
@@ -137,22 +136,13 @@ impl Limiter {
         self
     }
 
-    /// The Redis pub/sub channel on which quota-freeing events are announced to every worker.
-    pub fn invalidation_channel(&self) -> String {
-        format!("{}:deny-cache", self.namespace)
-    }
-
     /// Tells every worker's deny cache that `recipient`'s state changed in a way a cached
     /// denial did not foresee (quota freed, or a partial re-admission).
     async fn announce_changed(&self, recipient: &str) -> Result<(), LimiterError> {
         if let Some(cache) = &self.cache {
             cache.invalidate(recipient);
         }
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(self.invalidation_channel())
-            .arg(recipient)
-            .query_async(&mut self.conn.clone())
-            .await?;
+        deny_cache::announce(&self.conn, &self.namespace, recipient).await?;
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use sendquota::clock::ManualClock;
 use sendquota::config::Settings;
 use sendquota::dedup::DispatchMarks;
-use sendquota::limiter::deny_cache::DenyCache;
+use sendquota::deny_cache::DenyCache;
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
 use sendquota::policy::Policy;

@@ -339,8 +339,7 @@ async fn dispatch_and_deny_over_tls(mutual: bool, cluster: bool) {
         .await
         .expect("the TLS redis answers over TLS");
     if !cluster {
-        let channel =
-            sendquota::limiter::Limiter::new(redis.clone(), &namespace).invalidation_channel();
+        let channel = sendquota::deny_cache::channel(&namespace);
         let subscribers: HashMap<String, i64> = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)

@@ -22,11 +22,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tracing::warn;
 
+use crate::config::RedisSettings;
 use crate::decision::Verdict;
 use crate::message::SendRequest;
 use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
@@ -214,5 +218,76 @@ impl DenyCache {
     /// Decisions answered from the cache so far.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
+    }
+}
+
+/// The Redis pub/sub channel on which quota-freeing events of `namespace` are announced to
+/// every worker.
+pub fn channel(namespace: &str) -> String {
+    format!("{namespace}:deny-cache")
+}
+
+/// Tells every worker's deny cache that `recipient`'s state changed in a way a cached denial
+/// did not foresee (quota freed, or a partial re-admission).
+pub async fn announce(
+    conn: &crate::store::RedisConn,
+    namespace: &str,
+    recipient: &str,
+) -> redis::RedisResult<()> {
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel(namespace))
+        .arg(recipient)
+        .query_async(&mut conn.clone())
+        .await?;
+    Ok(())
+}
+
+/// Keeps `cache` subscribed to the quota-freeing events on `channel` until `stop` turns true;
+/// the cache is on only while the subscription is up, so no invalidation can be missed.
+pub async fn listen(
+    redis: RedisSettings,
+    channel: String,
+    cache: Arc<DenyCache>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff_ms = 100;
+    loop {
+        let subscribed = async {
+            let client = crate::store::client(&redis.url, &redis.tls)?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            redis::RedisResult::Ok(pubsub)
+        };
+        match subscribed.await {
+            Ok(mut pubsub) => {
+                backoff_ms = 100;
+                cache.enable(true);
+                let mut messages = pubsub.on_message();
+                loop {
+                    tokio::select! {
+                        message = messages.next() => match message {
+                            Some(m) => {
+                                if let Ok(recipient) = m.get_payload::<String>() {
+                                    cache.invalidate(&recipient);
+                                }
+                            }
+                            None => break,
+                        },
+                        _ = stop.wait_for(|s| *s) => {
+                            cache.enable(false);
+                            return;
+                        }
+                    }
+                }
+                warn!("deny cache subscription lost; cache off until it is back");
+                cache.enable(false);
+            }
+            Err(e) => warn!(error = %e, "deny cache cannot subscribe; cache off"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(backoff_ms)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        backoff_ms = (backoff_ms * 2).min(5_000);
     }
 }
