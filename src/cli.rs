@@ -19,8 +19,8 @@ use crate::denials::{Denial, DenialFilter, DenialStore};
 use crate::failpoint;
 use crate::limiter::Limiter;
 use crate::message::SendRequest;
+use crate::startup;
 use crate::store::RedisConn;
-use crate::worker;
 
 /// Publishes in flight at once when `publish` sends a file: enough to hide the confirm round
 /// trip, few enough to keep memory flat.
@@ -283,7 +283,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
             // On a runtime worker thread, not the main thread: deliveries are then handed to
             // their tasks without waking another thread for each one.
             let running = tokio::spawn(async move {
-                worker::run(&settings, clock, failpoint, shutdown_signal()).await
+                startup::run(&settings, clock, failpoint, shutdown_signal()).await
             });
             match running.await {
                 Ok(ran) => ran.map_err(|e| CliError::Service(e.to_string())),

@@ -40,6 +40,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod quarantine;
 pub mod replay;
+pub mod startup;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

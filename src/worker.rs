@@ -1,190 +1,60 @@
-//! The worker: owns deliveries, concurrency, retries and acks; the decision is the pipeline's.
+//! The worker: owns broker sessions, deliveries, concurrency, retries and acks; the decision
+//! is the pipeline's, and building the application is `startup`'s.
 //!
 //! It supervises its broker session itself: when the connection or consumer is lost it
 //! reconnects with capped, jittered backoff, declares its topology again and resumes. Messages
 //! in flight on the lost channel cannot be acked any more; the broker redelivers them, which is
 //! safe because every step is idempotent by message id.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::{watch, Semaphore};
-use tracing::{debug, error, info, warn};
-
-use crate::acks::Settler;
-use crate::admin::{self, AdminState, Health};
-use crate::failpoint::{self, Failpoint};
 use lapin::message::Delivery;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
+use tokio::sync::{watch, Semaphore};
+use tracing::{debug, error, info, warn};
 
-use crate::broker::{self, BrokerError, Names, Publisher};
+use crate::acks::Settler;
+use crate::admin::Health;
+use crate::broker::{self, BrokerError, Publisher};
 use crate::claim::Claim;
-use crate::clock::Clock;
 use crate::config::Settings;
-use crate::dedup::DispatchMarks;
-use crate::denials::{DenialError, DenialStore, DenialWriter};
-use crate::deny_cache::{self, DenyCache};
-use crate::limiter::Limiter;
+use crate::failpoint::{self, Failpoint};
 use crate::outcome::{self, Failure, Handled, Next};
 use crate::pipeline::{Pipeline, Poison};
-use crate::store::RedisConn;
 use crate::telemetry;
 
-/// How often buffered histogram samples are folded into their buckets.
-const METRICS_UPKEEP: Duration = Duration::from_secs(5);
-
-/// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
-const SKEW_WARNING_MS: i64 = 1_000;
-
-/// Failures that stop the worker.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// Redis could not be reached at start-up.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    /// Redis could not be reached at start-up (with a hint when a plaintext URL met what
-    /// looks like a TLS-only server).
-    #[error("redis: {0}")]
-    RedisStart(String),
-    /// Redis is too old for the decision scripts, or its version could not be read.
-    #[error(transparent)]
-    RedisVersion(#[from] crate::store::VersionError),
-    /// Postgres could not be reached at start-up.
-    #[error(transparent)]
-    Denials(#[from] DenialError),
-    /// RabbitMQ could not be reached at start-up.
-    #[error("{0}")]
-    Broker(String),
-    /// The admin API could not listen.
-    #[error("admin API: {0}")]
-    Admin(std::io::Error),
-}
-
-/// Runs the worker until `shutdown` completes, then drains in-flight messages.
-pub async fn run(
+/// Keeps the worker taking deliveries until `stop` turns true: one broker session after
+/// another, reconnecting with capped, jittered backoff after a loss. Returns the error of the
+/// first session when no session ever started (the broker is unreachable at start: the caller
+/// fails like it does for Redis and Postgres, so the orchestrator sees it).
+pub async fn supervise(
     settings: &Settings,
-    clock: Arc<dyn Clock>,
+    pipeline: &Arc<Pipeline>,
+    health: &Health,
     failpoint: Option<Failpoint>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), WorkerError> {
-    telemetry::prometheus();
-    metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
-        .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
-    let redis = RedisConn::connect(&settings.redis).await.map_err(|e| {
-        let plain = settings.redis.url.starts_with("redis://")
-            && settings
-                .redis
-                .cluster_urls
-                .iter()
-                .all(|u| u.starts_with("redis://"));
-        WorkerError::RedisStart(format!(
-            "{e}{}",
-            tls_hint(plain, &e.to_string(), "rediss://")
-        ))
-    })?;
-    match crate::store::check_version(&redis).await? {
-        Some(version) => info!(%version, "redis version checked"),
-        None => warn!("redis does not report its version; the scripts need Redis 7.0 or later"),
-    }
-    let denials = DenialStore::connect(&settings.database).await?;
-    report_skew(&redis, clock.as_ref()).await;
-    let policy = Arc::new(settings.policy.clone());
-    let health = Arc::new(Health::default());
-    let (stop_tx, stop) = watch::channel(false);
-    let mut limiter = Limiter::new(redis.clone(), &settings.namespace);
-    if settings.worker.deny_cache && settings.redis.cluster_urls.is_empty() {
-        let cache = Arc::new(DenyCache::new());
-        tokio::spawn(deny_cache::listen(
-            settings.redis.clone(),
-            deny_cache::channel(&settings.namespace),
-            cache.clone(),
-            stop.clone(),
-        ));
-        limiter = limiter.with_deny_cache(cache);
-    }
-    if !settings.admin.listen.is_empty() {
-        let listener = tokio::net::TcpListener::bind(&settings.admin.listen)
-            .await
-            .map_err(WorkerError::Admin)?;
-        info!(address = %listener.local_addr().map_err(WorkerError::Admin)?, "admin API listening");
-        let state = AdminState {
-            policy: policy.clone(),
-            limiter: limiter.clone(),
-            denials: denials.clone(),
-            clock: clock.clone(),
-            health: health.clone(),
-            tokens: Arc::new(settings.admin.tokens.clone()),
-        };
-        let mut admin_stop = stop.clone();
-        tokio::spawn(async move {
-            let stopped = async move {
-                let _ = admin_stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = admin::serve(listener, state, stopped).await {
-                error!(error = %e, "admin API stopped");
-            }
-        });
-    }
-    let pipeline = Arc::new(Pipeline {
-        policy,
-        limiter,
-        marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
-        denials: DenialWriter::spawn(
-            denials,
-            settings.worker.denial_batch_size,
-            Duration::from_millis(settings.worker.denial_batch_wait_ms),
-        ),
-        clock,
-        names: Names::new(&settings.namespace),
-        max_body_bytes: settings.worker.max_body_bytes,
-        claim_lease_ms: settings.worker.claim_lease_ms,
-        failpoint,
-        metrics: telemetry::MessageMetrics::register(
-            settings.policy.rules.iter().map(|r| r.name.as_str()),
-        ),
-    });
-    // Histogram samples wait in the recorder until drained; without upkeep they would grow
-    // with every message between scrapes.
-    let mut upkeep_stop = stop.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(METRICS_UPKEEP) => telemetry::prometheus().run_upkeep(),
-                _ = upkeep_stop.wait_for(|s| *s) => return,
-            }
-        }
-    });
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
+    stop: watch::Receiver<bool>,
+) -> Result<(), BrokerError> {
     let mut backoff = Backoff::new(&settings.worker);
     let mut stall = failpoint::armed(failpoint, Failpoint::StallConsumerOnce);
     let mut started = false;
     loop {
         let ended = session(
             settings,
-            &pipeline,
-            &health,
+            pipeline,
+            health,
             std::mem::take(&mut stall),
             stop.clone(),
         )
         .await;
         started |= health.consuming();
         health.set_consuming(false);
-        if let (Err(e), false) = (&ended, started) {
-            // Unreachable at start: fail like Redis and Postgres do, so the orchestrator sees it.
-            let plain = settings.amqp.url.starts_with("amqp://");
-            let message = e.to_string();
-            let hint = tls_hint(plain, &message, "amqps://");
-            return Err(WorkerError::Broker(format!("{message}{hint}")));
-        }
         match ended {
             Ok(()) => return Ok(()),
+            Err(e) if !started => return Err(e),
             Err(e) => {
                 let wait = backoff.next();
                 error!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker session lost");
@@ -485,24 +355,6 @@ fn log_handled(delivery: &Delivery, handled: &Handled) {
     }
 }
 
-/// A hint for a start-up failure of a plaintext URL that reads like a TLS-only server's
-/// answer: it resets the connection, or sends a TLS alert the client cannot parse.
-fn tls_hint(plain: bool, error: &str, scheme: &str) -> String {
-    let tls_like = [
-        "reset by peer",
-        "failed to parse",
-        "unexpected end",
-        "broken pipe",
-    ]
-    .iter()
-    .any(|s| error.to_ascii_lowercase().contains(s));
-    if plain && tls_like {
-        format!(" (if the server accepts TLS only, use {scheme})")
-    } else {
-        String::new()
-    }
-}
-
 /// Waits `wait`, or less if the worker is told to stop; returns whether it is stopping.
 async fn sleep_or_stop(wait: Duration, stop: &watch::Receiver<bool>) -> bool {
     let mut stop = stop.clone();
@@ -538,23 +390,5 @@ impl Backoff {
             .map(|d| u64::from(d.subsec_nanos()))
             .unwrap_or(0);
         Duration::from_millis(base + nanos % (base / 4 + 1))
-    }
-}
-
-/// Logs how far the worker's clock is from Redis `TIME`.
-async fn report_skew(redis: &RedisConn, clock: &dyn Clock) {
-    let reply: redis::RedisResult<(i64, i64)> =
-        redis::cmd("TIME").query_async(&mut redis.clone()).await;
-    match reply {
-        Ok((secs, micros)) => {
-            let skew = clock.now().timestamp_millis() - (secs * 1000 + micros / 1000);
-            metrics::gauge!(telemetry::CLOCK_SKEW_MS).set(skew as f64);
-            if skew.abs() > SKEW_WARNING_MS {
-                warn!(skew_ms = skew, "worker clock differs from Redis TIME");
-            } else {
-                info!(skew_ms = skew, "worker clock checked against Redis TIME");
-            }
-        }
-        Err(e) => warn!(error = %e, "could not read Redis TIME"),
     }
 }

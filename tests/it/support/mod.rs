@@ -256,7 +256,7 @@ impl TestEnv {
         let settings = self.settings.clone();
         let clock = Arc::new(clock.clone());
         self.worker_task = Some(tokio::spawn(async move {
-            sendquota::worker::run(&settings, clock, failpoint, async {
+            sendquota::startup::run(&settings, clock, failpoint, async {
                 let _ = stopped.await;
             })
             .await

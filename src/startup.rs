@@ -1,0 +1,222 @@
+//! Building the worker application and running it until stopped: the connections (Redis,
+//! Postgres; the broker's are the worker's sessions), the checks made once at start (Redis's
+//! version, the clock against Redis), the deny cache and its subscription, the admin API, the
+//! metrics upkeep, then the worker's sessions until shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::admin::{self, AdminState, Health};
+use crate::broker::Names;
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::dedup::DispatchMarks;
+use crate::denials::{DenialError, DenialStore, DenialWriter};
+use crate::deny_cache::{self, DenyCache};
+use crate::failpoint::Failpoint;
+use crate::limiter::Limiter;
+use crate::pipeline::Pipeline;
+use crate::store::RedisConn;
+use crate::{telemetry, worker};
+
+/// How often buffered histogram samples are folded into their buckets.
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
+const SKEW_WARNING_MS: i64 = 1_000;
+
+/// Failures that stop the worker: each service unreachable at start, so an orchestrator sees
+/// the worker fail instead of idling.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// Redis could not be reached at start-up (with a hint when a plaintext URL met what
+    /// looks like a TLS-only server).
+    #[error("redis: {0}")]
+    Redis(String),
+    /// Redis is too old for the decision scripts, or its version could not be read.
+    #[error(transparent)]
+    RedisVersion(#[from] crate::store::VersionError),
+    /// Postgres could not be reached at start-up.
+    #[error(transparent)]
+    Denials(#[from] DenialError),
+    /// RabbitMQ could not be reached at start-up.
+    #[error("{0}")]
+    Broker(String),
+    /// The admin API could not listen.
+    #[error("admin API: {0}")]
+    Admin(std::io::Error),
+}
+
+/// Runs the worker until `shutdown` completes, then drains in-flight messages.
+pub async fn run(
+    settings: &Settings,
+    clock: Arc<dyn Clock>,
+    failpoint: Option<Failpoint>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartupError> {
+    telemetry::prometheus();
+    metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
+        .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
+    let redis = connect_redis(settings).await?;
+    let denials = DenialStore::connect(&settings.database).await?;
+    report_skew(&redis, clock.as_ref()).await;
+    let policy = Arc::new(settings.policy.clone());
+    let health = Arc::new(Health::default());
+    let (stop_tx, stop) = watch::channel(false);
+    let limiter = limiter(settings, &redis, &stop);
+    if !settings.admin.listen.is_empty() {
+        let state = AdminState {
+            policy: policy.clone(),
+            limiter: limiter.clone(),
+            denials: denials.clone(),
+            clock: clock.clone(),
+            health: health.clone(),
+            tokens: Arc::new(settings.admin.tokens.clone()),
+        };
+        serve_admin(&settings.admin.listen, state, stop.clone()).await?;
+    }
+    let pipeline = Arc::new(Pipeline {
+        policy,
+        limiter,
+        marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
+        denials: DenialWriter::spawn(
+            denials,
+            settings.worker.denial_batch_size,
+            Duration::from_millis(settings.worker.denial_batch_wait_ms),
+        ),
+        clock,
+        names: Names::new(&settings.namespace),
+        max_body_bytes: settings.worker.max_body_bytes,
+        claim_lease_ms: settings.worker.claim_lease_ms,
+        failpoint,
+        metrics: telemetry::MessageMetrics::register(
+            settings.policy.rules.iter().map(|r| r.name.as_str()),
+        ),
+    });
+    keep_metrics_up(stop.clone());
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    worker::supervise(settings, &pipeline, &health, failpoint, stop)
+        .await
+        .map_err(|e| {
+            let plain = settings.amqp.url.starts_with("amqp://");
+            let message = e.to_string();
+            let hint = tls_hint(plain, &message, "amqps://");
+            StartupError::Broker(format!("{message}{hint}"))
+        })
+}
+
+/// The Redis connection, its version checked for the decision scripts.
+async fn connect_redis(settings: &Settings) -> Result<RedisConn, StartupError> {
+    let redis = RedisConn::connect(&settings.redis).await.map_err(|e| {
+        let plain = settings.redis.url.starts_with("redis://")
+            && settings
+                .redis
+                .cluster_urls
+                .iter()
+                .all(|u| u.starts_with("redis://"));
+        StartupError::Redis(format!(
+            "{e}{}",
+            tls_hint(plain, &e.to_string(), "rediss://")
+        ))
+    })?;
+    match crate::store::check_version(&redis).await? {
+        Some(version) => info!(%version, "redis version checked"),
+        None => warn!("redis does not report its version; the scripts need Redis 7.0 or later"),
+    }
+    Ok(redis)
+}
+
+/// The limiter, with a deny cache kept subscribed to its invalidations until `stop` when
+/// the settings ask for one (single Redis only: the cache needs its pub/sub).
+fn limiter(settings: &Settings, redis: &RedisConn, stop: &watch::Receiver<bool>) -> Limiter {
+    let limiter = Limiter::new(redis.clone(), &settings.namespace);
+    if !settings.worker.deny_cache || !settings.redis.cluster_urls.is_empty() {
+        return limiter;
+    }
+    let cache = Arc::new(DenyCache::new());
+    tokio::spawn(deny_cache::listen(
+        settings.redis.clone(),
+        deny_cache::channel(&settings.namespace),
+        cache.clone(),
+        stop.clone(),
+    ));
+    limiter.with_deny_cache(cache)
+}
+
+/// Serves the admin API on `listen` until `stop`; fails only if it cannot listen.
+async fn serve_admin(
+    listen: &str,
+    state: AdminState,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), StartupError> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(StartupError::Admin)?;
+    info!(address = %listener.local_addr().map_err(StartupError::Admin)?, "admin API listening");
+    tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = admin::serve(listener, state, stopped).await {
+            error!(error = %e, "admin API stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Folds buffered histogram samples into their buckets until `stop`: samples wait in the
+/// recorder until drained, and without upkeep they would grow with every message between
+/// scrapes.
+fn keep_metrics_up(mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(METRICS_UPKEEP) => telemetry::prometheus().run_upkeep(),
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    });
+}
+
+/// A hint for a start-up failure of a plaintext URL that reads like a TLS-only server's
+/// answer: it resets the connection, or sends a TLS alert the client cannot parse.
+fn tls_hint(plain: bool, error: &str, scheme: &str) -> String {
+    let tls_like = [
+        "reset by peer",
+        "failed to parse",
+        "unexpected end",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|s| error.to_ascii_lowercase().contains(s));
+    if plain && tls_like {
+        format!(" (if the server accepts TLS only, use {scheme})")
+    } else {
+        String::new()
+    }
+}
+
+/// Logs how far the worker's clock is from Redis `TIME`.
+async fn report_skew(redis: &RedisConn, clock: &dyn Clock) {
+    let reply: redis::RedisResult<(i64, i64)> =
+        redis::cmd("TIME").query_async(&mut redis.clone()).await;
+    match reply {
+        Ok((secs, micros)) => {
+            let skew = clock.now().timestamp_millis() - (secs * 1000 + micros / 1000);
+            metrics::gauge!(telemetry::CLOCK_SKEW_MS).set(skew as f64);
+            if skew.abs() > SKEW_WARNING_MS {
+                warn!(skew_ms = skew, "worker clock differs from Redis TIME");
+            } else {
+                info!(skew_ms = skew, "worker clock checked against Redis TIME");
+            }
+        }
+        Err(e) => warn!(error = %e, "could not read Redis TIME"),
+    }
+}
