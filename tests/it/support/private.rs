@@ -99,6 +99,12 @@ impl PrivateRedis {
 
     /// Stops the server (it writes its append-only file) and starts it again.
     pub fn restart(&self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Stops the server (it writes its append-only file) and waits until its port is closed.
+    pub fn stop(&self) {
         let _ = Command::new("redis-cli")
             .args(["-p", &self.port.to_string(), "shutdown"])
             .output();
@@ -107,6 +113,10 @@ impl PrivateRedis {
             assert!(Instant::now() < deadline, "redis did not stop");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Starts a server stopped with [`PrivateRedis::stop`] again, on the same port and files.
+    pub fn start_again(&self) {
         self.launch();
     }
 }
@@ -171,7 +181,26 @@ impl PrivatePostgres {
 
     /// A fast shutdown (open connections are cut) and a start.
     pub fn restart(&self) {
-        self.ctl("restart");
+        self.stop();
+        self.start_again();
+    }
+
+    /// A fast shutdown (open connections are cut); the port stays closed until
+    /// [`PrivatePostgres::start_again`].
+    pub fn stop(&self) {
+        run(
+            Command::new("runuser")
+                .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", "fast", "-w", "stop"]),
+            "pg_ctl stop",
+        );
+    }
+
+    /// Starts a cluster stopped with [`PrivatePostgres::stop`] again, on the same port.
+    pub fn start_again(&self) {
+        self.ctl("start");
     }
 }
 
@@ -245,7 +274,7 @@ impl PrivateRabbit {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
 
-    fn stop(&self) {
+    fn halt(&self) {
         let _ = Command::new("rabbitmqctl")
             .args(["-n", &self.node, "stop"])
             .output();
@@ -253,29 +282,54 @@ impl PrivateRabbit {
 
     /// Runs `rabbitmqctl` on this node with `args`, failing the test when it fails.
     pub fn ctl(&self, args: &[&str]) {
-        run(
-            Command::new("rabbitmqctl")
-                .args(["-n", &self.node])
-                .args(args),
-            "rabbitmqctl",
-        );
+        if let Err(e) = self.ctl_output(args) {
+            panic!("{e}");
+        }
+    }
+
+    /// Runs `rabbitmqctl` on this node with `args`: what it printed, or why it failed.
+    pub fn ctl_output(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new("rabbitmqctl")
+            .args(["-n", &self.node])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("rabbitmqctl: cannot run: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "rabbitmqctl {args:?} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Stops the node (durable queues and persistent messages survive) and starts it again.
     pub fn restart(&self) {
         self.stop();
+        self.start_again();
+    }
+
+    /// Stops the node and waits until its port is closed.
+    pub fn stop(&self) {
+        self.halt();
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
             assert!(Instant::now() < deadline, "rabbitmq did not stop");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Starts a node stopped with [`PrivateRabbit::stop`] again, on the same ports and data.
+    pub fn start_again(&self) {
         self.launch();
     }
 }
 
 impl Drop for PrivateRabbit {
     fn drop(&mut self) {
-        self.stop();
+        self.halt();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
