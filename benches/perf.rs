@@ -72,7 +72,7 @@ use sendquota::broker::{Names, Publisher};
 use sendquota::config::{QueueType, Settings};
 use sendquota::dedup::recipient_sent_key;
 use sendquota::deny_cache::DenyCache;
-use sendquota::limiter::calendar::{day_number, day_start, window_reach};
+use sendquota::kinds::calendar::{day_number, day_start, window_reach};
 use sendquota::limiter::keys::{ids_key, rule_key, scope_tag};
 use sendquota::limiter::script::{script_for, source_for, KindSet};
 use sendquota::limiter::Limiter;
@@ -610,7 +610,7 @@ impl LuaLoop {
         at: DateTime<Utc>,
         recipient: impl Fn(usize) -> usize,
     ) -> (usize, Duration) {
-        // The worker's arguments for the headline rule (lua/calendar_quota.lua) in UTC.
+        // The worker's arguments for the headline rule (lua/kinds/calendar_quota.lua) in UTC.
         let today = day_number(at, chrono_tz::UTC);
         let at_ms = at.timestamp_millis();
         let day_begin = day_start(today, chrono_tz::UTC)

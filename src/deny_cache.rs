@@ -32,8 +32,9 @@ use tracing::warn;
 
 use crate::config::RedisSettings;
 use crate::decision::Verdict;
+use crate::kinds::Kind;
 use crate::message::SendRequest;
-use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
+use crate::policy::{OnDeny, Policy, Rule, Scope};
 
 /// How much earlier than a refusing rule's `retry_after` (the first instant with room in the
 /// message's zone) another zone can reach room in that rule: the same entry leaves that zone's

@@ -33,6 +33,7 @@ pub mod dedup;
 pub mod denials;
 pub mod deny_cache;
 pub mod failpoint;
+pub mod kinds;
 pub mod limiter;
 pub mod message;
 pub mod outcome;

@@ -5,9 +5,7 @@
 //! after another; if a later scope refuses, what earlier scopes took for this message id is
 //! refunded, so a message that is not dispatched leaves no quota consumed.
 
-pub mod calendar;
 pub mod keys;
-mod kinds;
 pub mod script;
 
 use std::collections::HashSet;
@@ -20,8 +18,9 @@ use crate::claim::Claim;
 use crate::decision::Verdict;
 use crate::dedup;
 use crate::deny_cache::{self, DenyCache};
+use crate::kinds::{calendar, Kind};
 use crate::message::SendRequest;
-use crate::policy::{Kind, OnDeny, Policy, Rule, Scope};
+use crate::policy::{OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
 use script::{KindSet, Mode, RawResult, ScopeReply};
 
@@ -342,7 +341,7 @@ impl Limiter {
         for _ in 0..=quiet.len() {
             let ends = quiet
                 .iter()
-                .filter_map(|q| kinds::quiet_until(q, t, zone))
+                .filter_map(|q| crate::kinds::quiet_until(q, t, zone))
                 .max();
             match ends {
                 Some(end) => t = end,
@@ -542,7 +541,7 @@ impl Limiter {
                     let ids = keys::ids_key(&key);
                     rule_keys.push(key);
                     rule_keys.push(ids);
-                    let args = kinds::args(&rule.kind, now, zone);
+                    let args = rule.kind.args(now, zone);
                     rule_args.push(ScriptArg::Text(name));
                     rule_args.push(ScriptArg::Int(i64::from(rule.on_deny != OnDeny::Shadow)));
                     rule_args.push(ScriptArg::Int(args.len() as i64));
@@ -597,16 +596,16 @@ fn verdict(rule: &Rule, raw: &RawResult, now: DateTime<Utc>, zone: Tz, cost: u32
         on_deny: rule.on_deny,
         allowed: raw.allowed,
         already: raw.already,
-        remaining: kinds::remaining(&rule.kind, raw.remaining),
+        remaining: rule.kind.remaining(raw.remaining),
         retry_after: if raw.allowed {
             None
         } else {
-            kinds::retry_after(&rule.kind, raw.retry, raw.detail, now, zone)
+            rule.kind.retry_after(raw.retry, raw.detail, now, zone)
         },
         reason: if raw.allowed {
             String::new()
         } else {
-            kinds::reason(&rule.kind, raw.detail, cost)
+            rule.kind.reason(raw.detail, cost)
         },
     }
 }

@@ -4,44 +4,27 @@ use std::sync::OnceLock;
 
 use redis::{FromRedisValue, ParsingError, Value};
 
+use crate::kinds::SOURCES;
+
 /// Helpers shared by every kind; first in every composed script.
 pub const PRELUDE: &str = include_str!("../../lua/prelude.lua");
-
-/// Every kind's file, by the name its rules carry, in the order scripts compose them.
-pub const KIND_SOURCES: [(&str, &str); 9] = [
-    (
-        "calendar_quota",
-        include_str!("../../lua/calendar_quota.lua"),
-    ),
-    ("fixed_window", include_str!("../../lua/fixed_window.lua")),
-    (
-        "sliding_window",
-        include_str!("../../lua/sliding_window.lua"),
-    ),
-    ("sliding_log", include_str!("../../lua/sliding_log.lua")),
-    ("leaky_bucket", include_str!("../../lua/leaky_bucket.lua")),
-    ("token_bucket", include_str!("../../lua/token_bucket.lua")),
-    ("gcra", include_str!("../../lua/gcra.lua")),
-    ("zset_window", include_str!("../../lua/zset_window.lua")),
-    ("quiet_hours", include_str!("../../lua/quiet_hours.lua")),
-];
 
 /// The driver that runs a scope's rules all-or-nothing; last in every composed script.
 pub const DRIVER: &str = include_str!("../../lua/decide.lua");
 
-/// A set of kinds: bit `i` stands for `KIND_SOURCES[i]`.
+/// A set of kinds: bit `i` stands for `SOURCES[i]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KindSet(u16);
 
 impl KindSet {
     /// Every kind.
-    pub const ALL: KindSet = KindSet((1 << KIND_SOURCES.len()) - 1);
+    pub const ALL: KindSet = KindSet((1 << SOURCES.len()) - 1);
 
     /// The set of the named kinds; unknown names are left out (the driver then refuses the
     /// call with "unknown limiter kind", as it would for any script without that kind).
     pub fn of<'a>(names: impl IntoIterator<Item = &'a str>) -> KindSet {
         KindSet(names.into_iter().fold(0, |bits, name| {
-            bits | KIND_SOURCES
+            bits | SOURCES
                 .iter()
                 .position(|(kind, _)| *kind == name)
                 .map_or(0, |i| 1 << i)
@@ -62,7 +45,7 @@ impl KindSet {
 /// [`prelude_for`]).
 pub fn source_for(kinds: KindSet) -> String {
     let mut body = String::new();
-    for (index, (_, kind)) in KIND_SOURCES.iter().enumerate() {
+    for (index, (_, kind)) in SOURCES.iter().enumerate() {
         if kinds.contains(index) {
             body.push_str(kind);
             body.push('\n');
@@ -135,8 +118,8 @@ fn calls(text: &str, name: &str) -> bool {
 
 /// The script for `kinds`, composed and hashed once per set.
 pub fn script_for(kinds: KindSet) -> &'static redis::Script {
-    static SCRIPTS: [OnceLock<redis::Script>; 1 << KIND_SOURCES.len()] =
-        [const { OnceLock::new() }; 1 << KIND_SOURCES.len()];
+    static SCRIPTS: [OnceLock<redis::Script>; 1 << SOURCES.len()] =
+        [const { OnceLock::new() }; 1 << SOURCES.len()];
     SCRIPTS[usize::from(kinds.0)].get_or_init(|| redis::Script::new(&source_for(kinds)))
 }
 
@@ -302,7 +285,7 @@ mod tests {
         let headline = source_for(KindSet::of(["calendar_quota"]));
         assert_eq!(helpers(&headline), DRIVER_HELPERS);
         // gcra calls remember, which calls expire_in_at_least: kept through remember.
-        let (_, gcra_file) = KIND_SOURCES
+        let (_, gcra_file) = SOURCES
             .iter()
             .find(|(kind, _)| *kind == "gcra")
             .expect("gcra is a kind");

@@ -4,18 +4,14 @@
 //! takes its first message; an invalid rule cannot be constructed. At decision time the policy
 //! only answers "which rules match this message", grouped by the scope their state lives in.
 
-mod kind;
 mod parse;
 
 use chrono_tz::Tz;
 use serde::Serialize;
 
+use crate::kinds::{CalendarQuota, Kind};
 use crate::message::SendRequest;
 
-pub use kind::{
-    human_ms, parse_duration_ms, Bucket, CalendarQuota, Gcra, Kind, QuietHours, SlidingLog,
-    SlidingWindow, Storage, TokenBucket, Window,
-};
 pub use parse::{PolicyError, RawRule};
 
 /// The whole validated rule set plus the zone used for messages that name none.

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use super::{Kind, Match, OnDeny, Policy, Rule, Scope};
+use super::{Match, OnDeny, Policy, Rule, Scope};
+use crate::kinds::Kind;
 use crate::message::one_line;
 
 /// Longest rule name; names are part of Redis keys and denial rows.

@@ -1,5 +1,5 @@
-//! Property tests: `lua/leaky_bucket.lua`, `lua/token_bucket.lua` (with the message's cost and
-//! with a fixed cost), `lua/gcra.lua` and `lua/quiet_hours.lua` in real Redis, against plain
+//! Property tests: `lua/kinds/leaky_bucket.lua`, `lua/kinds/token_bucket.lua` (with the message's cost and
+//! with a fixed cost), `lua/kinds/gcra.lua` and `lua/kinds/quiet_hours.lua` in real Redis, against plain
 //! Rust models written from the semantics stated in each script's header, over random
 //! sequences of (clock advance, message id, cost, commit or dry run), with the clock sometimes
 //! standing still and sometimes going back. Every step must give the same decision, remaining
@@ -29,9 +29,10 @@ use chrono_tz::Tz;
 use proptest::prelude::*;
 use sendquota::config::{RedisSettings, Settings};
 use sendquota::decision::Verdict;
+use sendquota::kinds::Kind;
 use sendquota::limiter::{Evaluation, Limiter};
 use sendquota::message::SendRequest;
-use sendquota::policy::{Kind, Policy};
+use sendquota::policy::Policy;
 use sendquota::store::RedisConn;
 
 // ---------------------------------------------------------------------------------------------

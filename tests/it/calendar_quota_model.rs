@@ -1,4 +1,4 @@
-//! Property test: `lua/calendar_quota.lua` in real Redis against a plain Rust model of the
+//! Property test: `lua/kinds/calendar_quota.lua` in real Redis against a plain Rust model of the
 //! rule, over random sequences of (time, zone, message id) with repeated ids, dry runs mixed
 //! in, and a recipient whose messages change zones from one step to the next: the same
 //! decision, remaining and retry_after at every step, and no key without expiry. The model
@@ -15,10 +15,11 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
-use sendquota::limiter::calendar::{day_number, day_start, window_reach, DayNumber};
+use sendquota::kinds::calendar::{day_number, day_start, window_reach, DayNumber};
+use sendquota::kinds::{CalendarQuota, Kind};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
-use sendquota::policy::{CalendarQuota, Kind, Match, OnDeny, Policy, Rule, Scope};
+use sendquota::policy::{Match, OnDeny, Policy, Rule, Scope};
 
 /// The rule as a specification, for one recipient whose messages may carry any zone: a send is
 /// admitted at instant `now` in zone Z when, in Z's calendar, fewer than `per_day` admitted

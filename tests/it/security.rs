@@ -694,36 +694,43 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
     let script_rs = std::fs::read_to_string(&script_path).expect("read script.rs");
     assert_eq!(script_rs.matches("Script::new").count(), 1);
     assert!(script_rs.contains("redis::Script::new(&source_for(kinds))"));
-    // Every piece a script is composed of is a file of lua/, compiled in verbatim, and every
-    // file of lua/ is one piece.
-    use sendquota::limiter::script::{
-        prelude_for, source_for, KindSet, DRIVER, KIND_SOURCES, PRELUDE,
-    };
+    // Every piece a script is composed of is a file of lua/ (a kind's, of lua/kinds/), compiled
+    // in verbatim, and every such file is one piece.
+    use sendquota::kinds::SOURCES;
+    use sendquota::limiter::script::{prelude_for, source_for, KindSet, DRIVER, PRELUDE};
     let lua = |name: &str| {
         std::fs::read_to_string(root.join("lua").join(format!("{name}.lua"))).expect("read lua")
     };
     assert_eq!(PRELUDE, lua("prelude"));
     assert_eq!(DRIVER, lua("decide"));
-    for (kind, source) in KIND_SOURCES {
-        assert_eq!(source, lua(kind), "{kind}");
+    let kind_lua = |kind: &str| lua(&format!("kinds/{kind}"));
+    for (kind, source) in SOURCES {
+        assert_eq!(source, kind_lua(kind), "{kind}");
     }
-    let mut pieces: Vec<String> = KIND_SOURCES
+    let mut pieces: Vec<String> = SOURCES
         .iter()
-        .map(|(k, _)| format!("{k}.lua"))
+        .map(|(k, _)| format!("kinds/{k}.lua"))
         .collect();
     pieces.extend(["prelude.lua".to_owned(), "decide.lua".to_owned()]);
     let pieces_set: BTreeSet<String> = pieces.iter().cloned().collect();
     assert_eq!(pieces_set.len(), pieces.len(), "a file is a piece twice");
-    let on_disk: BTreeSet<String> = std::fs::read_dir(root.join("lua"))
-        .expect("read lua dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".lua"))
+    let lua_files = |dir: &str, prefix: &str| -> Vec<String> {
+        std::fs::read_dir(root.join(dir))
+            .expect("read lua dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".lua"))
+            .map(|n| format!("{prefix}{n}"))
+            .collect()
+    };
+    let on_disk: BTreeSet<String> = lua_files("lua", "")
+        .into_iter()
+        .chain(lua_files("lua/kinds", "kinds/"))
         .collect();
     assert_eq!(pieces_set, on_disk);
     // A composed script is exactly the prelude (less the helpers nothing in it calls), the
     // kinds asked for and the driver.
     let headline = source_for(KindSet::of(["calendar_quota"]));
-    let body = format!("{}\n{}", lua("calendar_quota"), lua("decide"));
+    let body = format!("{}\n{}", kind_lua("calendar_quota"), lua("decide"));
     assert_eq!(headline, format!("{}\n{body}", prelude_for(&body)));
     let prelude = lua("prelude");
     let paragraphs: Vec<&str> = prelude.split("\n\n").collect();
@@ -731,7 +738,7 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
         .split("\n\n")
         .all(|kept| paragraphs.contains(&kept)));
     let all = source_for(KindSet::ALL);
-    let every_kind: String = KIND_SOURCES.iter().map(|(k, _)| lua(k) + "\n").collect();
+    let every_kind: String = SOURCES.iter().map(|(k, _)| kind_lua(k) + "\n").collect();
     assert_eq!(
         all,
         format!("{}\n{every_kind}{}", lua("prelude"), lua("decide"))

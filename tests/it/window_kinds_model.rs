@@ -1,5 +1,5 @@
-//! Property tests: the window kinds (`lua/fixed_window.lua`, `lua/sliding_window.lua` with hash
-//! and list storage, `lua/sliding_log.lua`, `lua/zset_window.lua`) in real Redis against plain
+//! Property tests: the window kinds (`lua/kinds/fixed_window.lua`, `lua/kinds/sliding_window.lua` with hash
+//! and list storage, `lua/kinds/sliding_log.lua`, `lua/kinds/zset_window.lua`) in real Redis against plain
 //! Rust models written from the semantics their headers state, over random sequences of
 //! (time step, message id, commit or dry run): time advances by 0 ms or more and now and then
 //! goes back a few seconds (clock skew), ids repeat, parameters vary. At every step the script
@@ -19,10 +19,11 @@ use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use sendquota::config::Settings;
 use sendquota::decision::Verdict;
+use sendquota::kinds::human_ms;
 use sendquota::limiter::keys::{rule_key, scope_tag};
 use sendquota::limiter::Limiter;
 use sendquota::message::SendRequest;
-use sendquota::policy::{human_ms, Policy, ScopeValue};
+use sendquota::policy::{Policy, ScopeValue};
 use sendquota::store::RedisConn;
 
 // ---------------------------------------------------------------------------------------------

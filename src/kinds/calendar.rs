@@ -9,11 +9,11 @@
 use chrono::{DateTime, Duration, NaiveDate, NaiveDateTime, NaiveTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
-use crate::policy::CalendarQuota;
+use super::CalendarQuota;
 
 /// Scores below this in a calendar quota's key are local day numbers, written before sends
 /// were kept as instants; above it they are instants in ms. The same constant is in
-/// `lua/calendar_quota.lua`.
+/// `lua/kinds/calendar_quota.lua`.
 pub const LEGACY_BELOW: i64 = 100_000_000;
 
 /// How far back from now a window of `window_days` local days can reach in any zone: that many

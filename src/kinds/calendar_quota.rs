@@ -1,0 +1,102 @@
+//! calendar_quota: at most `per_day` sends per local calendar day and `per_window` per
+//! `window_days` local days, in the zone of the message being decided (the headline rule is 1
+//! and 3 in 7). The script is `lua/kinds/calendar_quota.lua`; local days are
+//! [`super::calendar`]'s.
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use serde::Serialize;
+
+use super::calendar::{self, day_number, day_start};
+use super::params::Params;
+
+/// Parameters of the calendar quota (the headline rule is 1 per day, 3 per 7 days).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CalendarQuota {
+    /// Sends allowed per local calendar day.
+    pub per_day: u32,
+    /// Sends allowed per `window_days` consecutive local days (today included).
+    pub per_window: u32,
+    /// Length of the rolling window, in local days.
+    pub window_days: u32,
+}
+
+/// The longest calendar window accepted; a year keeps day arithmetic and key lifetimes sane.
+const MAX_WINDOW_DAYS: u32 = 366;
+
+impl CalendarQuota {
+    /// The headline rule: one message per calendar day and three per seven days.
+    pub const HEADLINE: CalendarQuota = CalendarQuota {
+        per_day: 1,
+        per_window: 3,
+        window_days: 7,
+    };
+}
+
+/// The kind's script.
+pub(super) const LUA: &str = include_str!("../../lua/kinds/calendar_quota.lua");
+
+pub(super) fn parse(p: &mut Params<'_>) -> Result<CalendarQuota, String> {
+    let d = CalendarQuota::HEADLINE;
+    let q = CalendarQuota {
+        per_day: p.positive("per_day", Some(d.per_day))?,
+        per_window: p.positive("per_window", Some(d.per_window))?,
+        window_days: p.positive("window_days", Some(d.window_days))?,
+    };
+    if q.per_day > q.per_window {
+        return Err(format!(
+            "per_day ({}) is larger than per_window ({})",
+            q.per_day, q.per_window
+        ));
+    }
+    if q.window_days > MAX_WINDOW_DAYS {
+        return Err(format!(
+            "window_days ({}) is more than {MAX_WINDOW_DAYS}",
+            q.window_days
+        ));
+    }
+    Ok(q)
+}
+
+/// The script's arguments for a decision at `now` in `zone`: today's day number (for entries
+/// kept as day numbers), the first instants of today and of the window in `zone`, the limits,
+/// and the instants before which no zone's window reaches (entries are forgotten, the key
+/// expires).
+pub(super) fn args(q: &CalendarQuota, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
+    let today = day_number(now, zone);
+    let days = i64::from(q.window_days);
+    let reach = calendar::window_reach(q.window_days);
+    vec![
+        today,
+        day_start(today, zone).timestamp_millis(),
+        day_start(today - days + 1, zone).timestamp_millis(),
+        i64::from(q.per_day),
+        i64::from(q.per_window),
+        days,
+        (now - reach).timestamp_millis(),
+        reach.num_milliseconds(),
+    ]
+}
+
+/// The first instant with room, from a refusal's reply (see
+/// [`calendar::first_day_with_room`]).
+pub(super) fn retry_after(
+    q: &CalendarQuota,
+    raw: i64,
+    detail: i64,
+    now: DateTime<Utc>,
+    zone: Tz,
+) -> DateTime<Utc> {
+    day_start(
+        calendar::first_day_with_room(q, raw, detail == 1, now, zone),
+        zone,
+    )
+}
+
+/// Why it refused.
+pub(super) fn reason(q: &CalendarQuota) -> String {
+    format!(
+        "at most {} per local day and {} per {} local days",
+        q.per_day, q.per_window, q.window_days
+    )
+}
