@@ -294,7 +294,12 @@ impl TestEnv {
     /// The worker binary with this environment's services and namespace (a clean environment
     /// otherwise, see [`process::sendquota`]); the caller adds the arguments.
     pub fn worker_command(&self) -> std::process::Command {
-        let mut cmd = process::sendquota();
+        self.worker_command_at(env!("CARGO_BIN_EXE_sendquota"))
+    }
+
+    /// [`TestEnv::worker_command`] with the binary at `bin` (see [`process::sendquota_at`]).
+    pub fn worker_command_at(&self, bin: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        let mut cmd = process::sendquota_at(bin);
         cmd.env("SENDQUOTA_NAMESPACE", &self.namespace)
             .env("SENDQUOTA_REDIS_URL", redis_url())
             .env("SENDQUOTA_AMQP_URL", amqp_url())

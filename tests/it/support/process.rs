@@ -8,7 +8,13 @@ use std::time::{Duration, Instant};
 /// The binary with no SENDQUOTA_* setting inherited from the test process, warnings-only
 /// logging and no admin API: each test sets what it means to test.
 pub fn sendquota() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
+    sendquota_at(env!("CARGO_BIN_EXE_sendquota"))
+}
+
+/// [`sendquota`] with the binary at `bin` instead of this package's: another build of the
+/// worker (an older commit's, say), run the same way, so one program can compare two builds.
+pub fn sendquota_at(bin: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(bin);
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SENDQUOTA_")) {
         cmd.env_remove(k);
     }

@@ -1,0 +1,96 @@
+//! The bench's flags, each a whole number above zero. Unlike `common::flag`, an unknown flag is
+//! an error too (exit code 2): a typo must not cost a run of several minutes at the default
+//! sizes. After parsing, sizes are rounded so every phase divides into whole slices and rounds.
+
+use crate::phases::SLICES;
+
+/// The sizes of the phases; see the bench's doc for which flag feeds which phase.
+#[derive(Clone)]
+pub struct Args {
+    pub decisions: usize,
+    pub concurrency: usize,
+    pub pipeline: usize,
+    pub in_flight: usize,
+    pub messages: usize,
+    pub recipients: usize,
+    pub small_recipients: usize,
+    pub pool_decisions: usize,
+    /// (e): how many headline keys MEMORY USAGE is averaged over.
+    pub sample: usize,
+    pub hot_recipients: usize,
+    pub hot_decisions: usize,
+    /// 0: the worker's defaults.
+    pub worker_prefetch: usize,
+    pub latency_seconds: usize,
+}
+
+/// The flags, normalised so that every phase divides into whole slices and rounds.
+pub fn parse() -> Args {
+    let mut out = Args {
+        decisions: 200_000,
+        concurrency: 256,
+        pipeline: 256,
+        in_flight: 4,
+        messages: 60_000,
+        recipients: 1_000_000,
+        small_recipients: 10_000,
+        pool_decisions: 100_000,
+        sample: 1_000,
+        hot_recipients: 100,
+        hot_decisions: 200_000,
+        worker_prefetch: 0,
+        latency_seconds: 10,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let slot = match a.as_str() {
+            "--decisions" => &mut out.decisions,
+            "--concurrency" => &mut out.concurrency,
+            "--pipeline" => &mut out.pipeline,
+            "--in-flight" => &mut out.in_flight,
+            "--messages" => &mut out.messages,
+            "--recipients" => &mut out.recipients,
+            "--small-recipients" => &mut out.small_recipients,
+            "--pool-decisions" => &mut out.pool_decisions,
+            "--sample" => &mut out.sample,
+            "--hot-recipients" => &mut out.hot_recipients,
+            "--hot-decisions" => &mut out.hot_decisions,
+            "--worker-prefetch" => &mut out.worker_prefetch,
+            "--latency-seconds" => &mut out.latency_seconds,
+            "--bench" => continue,
+            other => {
+                eprintln!(
+                    "unknown argument {other}; flags: --decisions --concurrency --pipeline \
+                     --in-flight --messages --recipients --small-recipients --pool-decisions \
+                     --sample --hot-recipients --hot-decisions --worker-prefetch \
+                     --latency-seconds (each takes a whole number)"
+                );
+                std::process::exit(2)
+            }
+        };
+        *slot = match it.next().and_then(|v| v.parse().ok()) {
+            Some(v) if v > 0 => v,
+            _ => {
+                eprintln!("{a} takes a whole number above zero");
+                std::process::exit(2)
+            }
+        };
+    }
+    // Two decisions per recipient, in SLICES equal slices; the pools of (e) are disjoint
+    // (the small one at most half the recipients) and a pool run is whole rounds of the small
+    // pool.
+    out.decisions = out.decisions.div_ceil(2 * SLICES) * 2 * SLICES;
+    out.messages = out.messages.div_ceil(2) * 2;
+    out.recipients = out.recipients.max(2);
+    out.small_recipients = out.small_recipients.min(out.recipients / 2);
+    let round = 2 * out.small_recipients;
+    let cap = 2 * (out.recipients - out.small_recipients);
+    out.pool_decisions = (out.pool_decisions.min(cap) / round).max(1) * round;
+    // Each side of (f) decides in SLICES equal slices.
+    out.hot_decisions = out.hot_decisions.div_ceil(SLICES) * SLICES;
+    if u16::try_from(out.worker_prefetch).is_err() {
+        eprintln!("--worker-prefetch takes at most {}", u16::MAX);
+        std::process::exit(2)
+    }
+    out
+}

@@ -1,0 +1,259 @@
+//! (g): publish-to-dispatch latency at half the rate (c) reached, the worker not saturated, as
+//! in service. Requests are published paced, each carrying its publish instant; a consumer on
+//! the dispatch sink takes arrival minus publish instant. The relay of (a2) in the worker's
+//! place first: the broker's (and this process's) share of that latency.
+
+use std::time::{Duration, Instant};
+
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use sendquota::config::QueueType;
+
+use super::Bench;
+use crate::ceilings::relay;
+use crate::keyspace::purge_namespace;
+use crate::procs::{Procs, Tally};
+use crate::progress::Progress;
+use crate::queues::on_worker_runtime;
+use crate::report::{ms, Report};
+use crate::support::{request, TestEnv};
+use crate::worker::{WorkerChoice, WorkerProcess};
+
+const LATENCY_MAX_P99_MS: f64 = 20.0;
+/// (g) publishes every PACE, as many requests as are due by then.
+const PACE: Duration = Duration::from_millis(2);
+/// (g) publishes this long at its rate before the counted part.
+const LATENCY_WARM_UP: Duration = Duration::from_secs(1);
+
+/// (g): the relay, then the worker, at half of `c` msgs/s.
+pub async fn run(bench: &Bench, worker: &WorkerChoice, c: f64, report: &mut Report) {
+    let (procs, seconds) = (&bench.procs, bench.args.latency_seconds);
+    let mut g_relay = Tally::default();
+    let floor = latency_run(Hop::Relay, c / 2.0, seconds, procs, &mut g_relay).await;
+    report.cpu(procs, "g relay at half (c)'s rate, paced", &g_relay);
+    let mut g = Tally::default();
+    let hop = Hop::Worker(worker);
+    let latency = latency_run(hop, c / 2.0, seconds, procs, &mut g).await;
+    report.cpu(procs, "g worker at half (c)'s rate, paced", &g);
+    let p99 = latency.quantile(0.99);
+    let complete = latency.samples.len() == latency.counted;
+    let detail = |l: &Latency| {
+        format!(
+            "max {}; {} of {} dispatched at {:.0} msgs/s = {:.0}% of (c), {} s after {} s \
+             warm-up",
+            ms(l.quantile(1.0)),
+            l.samples.len(),
+            l.counted,
+            l.achieved,
+            l.achieved / c * 100.0,
+            seconds,
+            LATENCY_WARM_UP.as_secs()
+        )
+    };
+    report.figure(
+        "(g) publish-to-dispatch latency p50 / p99",
+        format!("{} / {}", ms(latency.quantile(0.5)), ms(p99)),
+        "target",
+        p99.map(|p| p * 1e3 / LATENCY_MAX_P99_MS),
+        &format!("p99 <= {LATENCY_MAX_P99_MS:.0} ms ({})", detail(&latency)),
+        Some(complete && p99.is_some_and(|p| p * 1e3 <= LATENCY_MAX_P99_MS)),
+    );
+    report.figure(
+        "(g) floor: the no-work relay, p50 / p99",
+        format!("{} / {}", ms(floor.quantile(0.5)), ms(floor.quantile(0.99))),
+        "",
+        None,
+        &format!("info: the broker's share ({})", detail(&floor)),
+        None,
+    );
+}
+
+/// What (g) measured.
+struct Latency {
+    /// Publish-to-dispatch latency of each counted message that reached the sink, in
+    /// nanoseconds, sorted.
+    samples: Vec<u64>,
+    /// Counted messages published, and per second while they were.
+    counted: usize,
+    achieved: f64,
+}
+
+impl Latency {
+    /// The q-quantile of the samples (nearest rank), in seconds.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let rank = ((q * self.samples.len() as f64).ceil() as usize).max(1);
+        self.samples.get(rank - 1).map(|&ns| ns as f64 / 1e9)
+    }
+}
+
+/// What passes (g)'s requests from the requests queue to the dispatch exchange.
+enum Hop<'a> {
+    /// The worker binary.
+    Worker(&'a WorkerChoice),
+    /// The no-work relay of (a2), in this process: the broker's and the client's share of the
+    /// latency, the floor under the worker's.
+    Relay,
+}
+
+/// (g) once: `hop` on a fresh namespace, requests published at `rate` msgs/s (paced every
+/// [`PACE`], publisher-confirmed, on this process's connection) for [`LATENCY_WARM_UP`] and
+/// then `seconds` more, each to a new recipient (so each is dispatched) and carrying in its
+/// payload its sequence number and its publish instant (`sent_ns`, since `origin`); a consumer
+/// of the dispatch sink takes each arrival's instant minus that. The CPU used meanwhile is
+/// charged to `tally`.
+async fn latency_run(
+    hop: Hop<'_>,
+    rate: f64,
+    seconds: usize,
+    procs: &Procs,
+    tally: &mut Tally,
+) -> Latency {
+    let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+    let warm = (rate * LATENCY_WARM_UP.as_secs_f64()).ceil() as usize;
+    let total = warm + (rate * seconds as f64).ceil() as usize;
+    let origin = Instant::now();
+    let arrivals = sink_latencies(&env, origin, total).await;
+    let (process, relaying) = match hop {
+        Hop::Worker(worker) => (Some(worker.start(&env).await.0), None),
+        Hop::Relay => {
+            let relaying = on_worker_runtime(relay(env.names.clone(), total));
+            (None, Some(tokio::spawn(relaying)))
+        }
+    };
+    let pid = process.as_ref().map(WorkerProcess::pid);
+    let before = procs.snap(pid).await;
+    let paced = publish_paced(&env, rate, warm, total, origin).await;
+    let arrived = arrivals.await.expect("sink consumer");
+    let after = procs.snap(pid).await;
+    tally.add(before, after, total, arrived.len(), paced.began.elapsed());
+    if let Some(relaying) = relaying {
+        let relayed = relaying.await.expect("relay task");
+        relayed.unwrap_or_else(|e| panic!("g relay: {e}"));
+    }
+    if let Some(process) = process {
+        process.stop();
+    }
+    purge_namespace(&env, "g cleanup").await;
+    let mut samples: Vec<u64> = arrived
+        .into_iter()
+        .filter(|&(seq, _)| seq >= warm)
+        .map(|(_, ns)| ns)
+        .collect();
+    samples.sort_unstable();
+    let counted = total - warm;
+    let publishing = paced
+        .counted_from
+        .map_or(Duration::ZERO, |t| paced.last_sent.duration_since(t));
+    Latency {
+        samples,
+        counted,
+        achieved: counted as f64 / publishing.as_secs_f64().max(PACE.as_secs_f64()),
+    }
+}
+
+/// When [`publish_paced`] began, published its first counted request and its last one.
+struct Paced {
+    began: Instant,
+    counted_from: Option<Instant>,
+    last_sent: Instant,
+}
+
+/// Publishes `total` requests to `env`'s requests exchange at `rate` msgs/s, every [`PACE`] as
+/// many as are due, and waits for their confirms; request `warm` is the first counted.
+async fn publish_paced(
+    env: &TestEnv,
+    rate: f64,
+    warm: usize,
+    total: usize,
+    origin: Instant,
+) -> Paced {
+    let mut progress = Progress::new(&format!("g publish at {rate:.0} msgs/s"), total);
+    let mut ticks = tokio::time::interval(PACE);
+    let mut confirms = FuturesUnordered::new();
+    let (mut sent, mut counted_from, mut last_sent) = (0usize, None, Instant::now());
+    let began = Instant::now();
+    while sent < total || !confirms.is_empty() {
+        tokio::select! {
+            Some(confirm) = confirms.next(), if !confirms.is_empty() => {
+                let confirm: Result<(), sendquota::broker::BrokerError> = confirm;
+                confirm.expect("publish request");
+            }
+            _ = ticks.tick(), if sent < total => {
+                let due = ((began.elapsed().as_secs_f64() * rate) as usize).min(total);
+                for i in sent..due {
+                    if i == warm {
+                        counted_from = Some(Instant::now());
+                    }
+                    let mut body = request(&format!("g{i}"), &format!("g{i}"), "UTC");
+                    body["payload"] = serde_json::json!({
+                        "template": "t",
+                        "seq": i,
+                        "sent_ns": origin.elapsed().as_nanos() as u64,
+                    });
+                    let publisher = env.publisher.clone();
+                    let exchange = env.names.requests.clone();
+                    confirms.push(async move {
+                        let body = body.to_string().into_bytes();
+                        publisher
+                            .publish(&exchange, "", &body, BasicProperties::default())
+                            .await
+                    });
+                }
+                last_sent = Instant::now();
+                progress.add(due - sent);
+                sent = due;
+            }
+        }
+    }
+    Paced {
+        began,
+        counted_from,
+        last_sent,
+    }
+}
+
+/// Consumes `env`'s dispatch sink (no acks) until `total` requests arrived or none came for
+/// 10 s; yields each one's (`seq`, arrival minus `sent_ns`) from its payload, in nanoseconds
+/// since `origin`.
+async fn sink_latencies(
+    env: &TestEnv,
+    origin: Instant,
+    total: usize,
+) -> tokio::task::JoinHandle<Vec<(usize, u64)>> {
+    let channel = env.amqp.create_channel().await.expect("channel");
+    let mut consumer = channel
+        .basic_consume(
+            env.dispatched_queue.as_str().into(),
+            "sendquota-perf-latency".into(),
+            lapin::options::BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume the sink");
+    tokio::spawn(async move {
+        let mut arrived = Vec::with_capacity(total);
+        let mut progress = Progress::new("g dispatched", total);
+        while arrived.len() < total {
+            let Ok(Some(delivery)) =
+                tokio::time::timeout(Duration::from_secs(10), consumer.next()).await
+            else {
+                eprintln!("[g] the sink received {} of {total}", arrived.len());
+                break;
+            };
+            let now = origin.elapsed().as_nanos() as u64;
+            let delivery = delivery.expect("sink delivery");
+            let body: serde_json::Value =
+                serde_json::from_slice(&delivery.data).expect("dispatched body is JSON");
+            let field = |name: &str| body["payload"][name].as_u64().expect("payload field");
+            arrived.push((field("seq") as usize, now.saturating_sub(field("sent_ns"))));
+            progress.add(1);
+        }
+        drop(channel);
+        arrived
+    })
+}

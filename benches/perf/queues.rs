@@ -1,0 +1,160 @@
+//! RabbitMQ as the broker phases use it: request bodies queued ahead (publisher-confirmed),
+//! consuming and publishing connections opened as the worker opens them, and a phase run in
+//! this process on a runtime shaped like the worker's, so that (a2), (d)'s floor and (g)'s relay
+//! pay for their threads what the worker pays for its own.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
+use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use sendquota::broker::Names;
+
+use crate::procs::{Procs, Tally};
+use crate::progress::Progress;
+use crate::support::{self, request, TestEnv};
+
+/// Messages in `queue` (ready ones; 0 when it cannot be asked).
+pub async fn queued(env: &TestEnv, queue: &str) -> usize {
+    env.channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map(|q| q.message_count() as usize)
+        .unwrap_or(0)
+}
+
+/// Request bodies: two per recipient on one day, so half are dispatched and half denied.
+pub fn bodies(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            request(&format!("m{i}"), &format!("r{}", i / 2), "UTC")
+                .to_string()
+                .into_bytes()
+        })
+        .collect()
+}
+
+/// Publishes `bodies` to the requests exchange (publisher-confirmed, 512 in flight) and waits
+/// until the requests queue holds them all.
+pub async fn prepublish(env: &TestEnv, bodies: &[Vec<u8>], label: &str) {
+    let mut progress = Progress::new(label, bodies.len());
+    let mut confirms = futures_util::stream::iter(bodies.iter())
+        .map(|b| {
+            env.publisher
+                .publish(&env.names.requests, "", b, BasicProperties::default())
+        })
+        .buffer_unordered(512);
+    while let Some(r) = confirms.next().await {
+        r.expect("publish request");
+        progress.add(1);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while queued(env, &env.names.requests).await < bodies.len() {
+        assert!(Instant::now() < deadline, "requests queue never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A channel on `conn` with prefetch `prefetch`, for consuming.
+pub async fn prefetching_channel(conn: &lapin::Connection, prefetch: u16) -> lapin::Channel {
+    let channel = conn.create_channel().await.expect("channel");
+    channel
+        .basic_qos(prefetch, lapin::options::BasicQosOptions::default())
+        .await
+        .expect("qos");
+    channel
+}
+
+/// Starts consuming the requests queue of `names` on `channel`.
+pub async fn consume_requests(channel: &lapin::Channel, names: &Names) -> lapin::Consumer {
+    channel
+        .basic_consume(
+            names.requests.as_str().into(),
+            "sendquota-perf".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("consume")
+}
+
+/// A consuming and a publishing connection to the test broker, as the worker opens them.
+pub async fn connection_pair(role: &str) -> (lapin::Connection, lapin::Connection) {
+    let settings = sendquota::config::AmqpSettings {
+        url: support::amqp_url(),
+        ..Default::default()
+    };
+    let consume = sendquota::broker::connect(&settings, &format!("{role}-consume"))
+        .await
+        .expect("amqp connect");
+    let publish = sendquota::broker::connect(&settings, &format!("{role}-publish"))
+        .await
+        .expect("amqp connect");
+    (consume, publish)
+}
+
+/// Queues `bodies`, runs `phase` on them with [`on_worker_runtime`] and charges the CPU
+/// used meanwhile to `tally` (`published` of the bodies count as sent on). Returns the time
+/// `phase` took and how many messages reached the sink.
+pub async fn broker_phase<F>(
+    env: &TestEnv,
+    bodies: &[Vec<u8>],
+    procs: &Procs,
+    tally: &mut Tally,
+    label: &str,
+    published: usize,
+    phase: impl FnOnce(Names, usize) -> F,
+) -> (Duration, usize)
+where
+    F: std::future::Future<Output = Duration> + Send + 'static,
+{
+    let m = bodies.len();
+    prepublish(env, bodies, &format!("{label} pre-publish")).await;
+    let before = procs.snap(None).await;
+    let took = on_worker_runtime(phase(env.names.clone(), m))
+        .await
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    tally.add(before, procs.snap(None).await, m, published, took);
+    (took, queued(env, &env.dispatched_queue).await)
+}
+
+/// Runs `phase` as a task on a runtime of its own with as many threads as the worker runs on by
+/// default (`worker.threads`), on a thread of its own: the relay and the floor then pay for
+/// their threads what the worker pays for its, not what this process's runtime would.
+pub async fn on_worker_runtime<F>(phase: F) -> Result<Duration, String>
+where
+    F: std::future::Future<Output = Duration> + Send + 'static,
+{
+    let threads = sendquota::config::WorkerSettings::default().threads;
+    let (done, finished) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let ran = sendquota::cli::runtime(threads)
+            .map_err(|e| format!("runtime: {e}"))
+            .and_then(|rt| {
+                rt.block_on(async move { tokio::spawn(phase).await })
+                    .map_err(|e| format!("task: {e}"))
+            });
+        let _ = done.send(ran);
+    });
+    finished
+        .await
+        .map_err(|_| "its thread ended without a result".to_owned())?
+}
+
+/// Purges the sink and the requests queue after a broker phase.
+pub async fn empty_broker_queues(env: &TestEnv) {
+    for queue in [&env.dispatched_queue, &env.names.requests] {
+        env.channel
+            .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+            .await
+            .expect("purge");
+    }
+}
