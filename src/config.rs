@@ -332,40 +332,7 @@ impl Settings {
         mut file: File,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Settings, ConfigError> {
-        if let Some(url) = env("SENDQUOTA_REDIS_URL") {
-            file.redis.url = url;
-            file.redis.cluster_urls.clear();
-        }
-        if let Some(urls) = env("SENDQUOTA_REDIS_CLUSTER_URLS") {
-            file.redis.cluster_urls = urls
-                .split(',')
-                .map(str::trim)
-                .filter(|u| !u.is_empty())
-                .map(str::to_owned)
-                .collect();
-        }
-        if let Some(url) = env("SENDQUOTA_AMQP_URL") {
-            file.amqp.url = url;
-        }
-        if let Some(url) = env("SENDQUOTA_DATABASE_URL") {
-            file.database.url = url;
-        }
-        for (service, files) in [
-            ("REDIS", &mut file.redis.tls),
-            ("AMQP", &mut file.amqp.tls),
-            ("DATABASE", &mut file.database.tls),
-        ] {
-            tls_overrides(service, files, &env);
-        }
-        if let Some(listen) = env("SENDQUOTA_ADMIN_LISTEN") {
-            file.admin.listen = listen;
-        }
-        if let Some(token) = env("SENDQUOTA_ADMIN_TOKEN") {
-            file.admin.tokens.push(AdminToken {
-                name: "env".to_owned(),
-                token,
-            });
-        }
+        apply_env(&mut file, &env);
         check_admin(&file.admin)?;
         let namespace = env("SENDQUOTA_NAMESPACE")
             .or(file.namespace)
@@ -375,38 +342,7 @@ impl Settings {
         let zone: Tz = zone_name
             .parse()
             .map_err(|_| ConfigError::UnknownTimeZone(one_line(&zone_name)))?;
-        let w = &file.worker;
-        if w.concurrency == 0 || file.amqp.prefetch == 0 {
-            return Err(ConfigError::Invalid(
-                "worker.concurrency and amqp.prefetch must be at least 1".to_owned(),
-            ));
-        }
-        if w.threads > MAX_THREADS {
-            return Err(ConfigError::Invalid(format!(
-                "worker.threads must be at most {MAX_THREADS} (0 = one per CPU)"
-            )));
-        }
-        if w.claim_lease_ms < 300 {
-            return Err(ConfigError::Invalid(
-                "worker.claim_lease_ms must be at least 300".to_owned(),
-            ));
-        }
-        if w.watchdog_interval_ms < 100 {
-            return Err(ConfigError::Invalid(
-                "worker.watchdog_interval_ms must be at least 100".to_owned(),
-            ));
-        }
-        if w.yield_slot_after_ms < 100 {
-            return Err(ConfigError::Invalid(
-                "worker.yield_slot_after_ms must be at least 100".to_owned(),
-            ));
-        }
-        if w.retry_initial_ms == 0 || w.retry_max_ms < w.retry_initial_ms {
-            return Err(ConfigError::Invalid(
-                "worker.retry_initial_ms must be at least 1 and at most worker.retry_max_ms"
-                    .to_owned(),
-            ));
-        }
+        check_worker(&file.worker, &file.amqp)?;
         check_urls(&file.redis, &file.amqp, &file.database)?;
         for (section, files) in [
             ("redis.tls", &file.redis.tls),
@@ -428,6 +364,75 @@ impl Settings {
             policy,
         })
     }
+}
+
+/// The `SENDQUOTA_*` variables that override the file: each service's URL and TLS files, and
+/// the admin API's address and an extra token. (A deployment keeps secrets and addresses in
+/// the environment and the rest in the file.)
+fn apply_env(file: &mut File, env: &impl Fn(&str) -> Option<String>) {
+    if let Some(url) = env("SENDQUOTA_REDIS_URL") {
+        file.redis.url = url;
+        file.redis.cluster_urls.clear();
+    }
+    if let Some(urls) = env("SENDQUOTA_REDIS_CLUSTER_URLS") {
+        file.redis.cluster_urls = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+    }
+    if let Some(url) = env("SENDQUOTA_AMQP_URL") {
+        file.amqp.url = url;
+    }
+    if let Some(url) = env("SENDQUOTA_DATABASE_URL") {
+        file.database.url = url;
+    }
+    for (service, files) in [
+        ("REDIS", &mut file.redis.tls),
+        ("AMQP", &mut file.amqp.tls),
+        ("DATABASE", &mut file.database.tls),
+    ] {
+        tls_overrides(service, files, env);
+    }
+    if let Some(listen) = env("SENDQUOTA_ADMIN_LISTEN") {
+        file.admin.listen = listen;
+    }
+    if let Some(token) = env("SENDQUOTA_ADMIN_TOKEN") {
+        file.admin.tokens.push(AdminToken {
+            name: "env".to_owned(),
+            token,
+        });
+    }
+}
+
+/// The worker's settings within the bounds the worker needs (a slot to decide in, leases and
+/// intervals long enough to be kept, a backoff that grows).
+fn check_worker(w: &WorkerSettings, amqp: &AmqpSettings) -> Result<(), ConfigError> {
+    let invalid = |message: &str| Err(ConfigError::Invalid(message.to_owned()));
+    if w.concurrency == 0 || amqp.prefetch == 0 {
+        return invalid("worker.concurrency and amqp.prefetch must be at least 1");
+    }
+    if w.threads > MAX_THREADS {
+        return Err(ConfigError::Invalid(format!(
+            "worker.threads must be at most {MAX_THREADS} (0 = one per CPU)"
+        )));
+    }
+    if w.claim_lease_ms < 300 {
+        return invalid("worker.claim_lease_ms must be at least 300");
+    }
+    if w.watchdog_interval_ms < 100 {
+        return invalid("worker.watchdog_interval_ms must be at least 100");
+    }
+    if w.yield_slot_after_ms < 100 {
+        return invalid("worker.yield_slot_after_ms must be at least 100");
+    }
+    if w.retry_initial_ms == 0 || w.retry_max_ms < w.retry_initial_ms {
+        return invalid(
+            "worker.retry_initial_ms must be at least 1 and at most worker.retry_max_ms",
+        );
+    }
+    Ok(())
 }
 
 /// `SENDQUOTA_<SERVICE>_TLS_CA_FILE`, `..._TLS_CLIENT_CERT_FILE` and `..._TLS_CLIENT_KEY_FILE`

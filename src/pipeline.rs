@@ -15,13 +15,13 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
-use crate::decision::Verdict;
-use crate::decision::{self, Outcome};
+
+use crate::decision::{self, Outcome, Verdict};
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Limiter, LimiterError};
-use crate::message::SendRequest;
+use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{Failure, Handled, OutcomeName};
 use crate::policy::Policy;
 use crate::telemetry;
@@ -101,17 +101,7 @@ impl Pipeline {
     ) -> Result<Handled, HandleError> {
         let message = match SendRequest::decode(body, self.max_body_bytes) {
             Ok(m) => m,
-            Err(invalid) => {
-                let reason = invalid.to_string();
-                let id = properties.message_id().as_ref().map(|s| s.as_str());
-                let props = broker::json_properties(id, &[(broker::REASON_HEADER, reason.clone())]);
-                publisher
-                    .publish("", &self.names.invalid, body, props)
-                    .await?;
-                metrics::counter!(telemetry::INVALID).increment(1);
-                self.metrics.outcome(OutcomeName::Invalid);
-                return Ok(Handled::Invalid { reason });
-            }
+            Err(invalid) => return self.invalid(publisher, body, properties, invalid).await,
         };
         if failpoint::armed(self.failpoint, Failpoint::FailStuckIds)
             && message.id.starts_with("stuck-")
@@ -134,16 +124,15 @@ impl Pipeline {
             self.metrics.outcome(OutcomeName::Duplicate);
             return Ok(Handled::Duplicate);
         }
+        let sent = Sent {
+            publisher,
+            message: &message,
+            body,
+            now,
+            replay_of,
+        };
         if evaluation.in_flight.is_some() {
-            let queue = self.names.delay_queue(broker::DELAY_TIERS_MS[0]);
-            let mut headers = Vec::new();
-            if let Some(denial) = replay_of {
-                headers.push((broker::REPLAY_OF_HEADER, denial.to_string()));
-            }
-            let props = broker::json_properties(Some(&message.id), &headers);
-            publisher.publish("", &queue, body, props).await?;
-            self.metrics.outcome(OutcomeName::InFlight);
-            return Ok(Handled::InFlight);
+            return self.wait_in_flight(&sent).await;
         }
         for v in &evaluation.verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
@@ -153,49 +142,95 @@ impl Pipeline {
         self.metrics.outcome(outcome.name());
         match outcome {
             Outcome::Allow { shadow_refusals } => {
-                // The claim lives while the message is in flight: a publish can wait out a
-                // broker alarm, longer than one lease.
-                let _alive = claim.keep_alive(&self.limiter, &message);
-                for verdict in &shadow_refusals {
-                    self.record(&message, verdict, true, verdict.retry_after, now, replay_of)
-                        .await?;
-                }
-                if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit)
-                    && evaluation.committed
-                {
-                    tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
-                    std::future::pending::<()>().await;
-                }
-                let props = broker::json_properties(Some(&message.id), &[]);
-                let started = Instant::now();
-                publisher
-                    .publish(&self.names.dispatch, &message.channel, body, props)
-                    .await?;
-                self.metrics
-                    .dispatch_seconds
-                    .record(started.elapsed().as_secs_f64());
-                self.marks.mark_dispatched(&message, now).await?;
-                Ok(Handled::Dispatched {
-                    shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
-                })
+                self.dispatch(&sent, claim, shadow_refusals, evaluation.committed)
+                    .await
             }
             Outcome::Deny { rule, retry_after } => {
                 self.record(&message, &rule, false, retry_after, now, replay_of)
                     .await?;
                 Ok(Handled::Denied { rule: rule.rule })
             }
-            Outcome::Delay { until, .. } => {
-                let queue = self.names.delay_queue(broker::delay_tier(now, until));
-                let mut headers = vec![(broker::DELAYED_UNTIL_HEADER, until.to_rfc3339())];
-                if let Some(denial) = replay_of {
-                    headers.push((broker::REPLAY_OF_HEADER, denial.to_string()));
-                }
-                let props = broker::json_properties(Some(&message.id), &headers);
-                publisher.publish("", &queue, body, props).await?;
-                metrics::counter!(telemetry::DELAYED).increment(1);
-                Ok(Handled::Delayed { until })
-            }
+            Outcome::Delay { until, .. } => self.delay(&sent, until).await,
         }
+    }
+
+    /// Routes a body that is not a valid request to the invalid queue, with why.
+    async fn invalid(
+        &self,
+        publisher: &Publisher,
+        body: &[u8],
+        properties: &BasicProperties,
+        invalid: InvalidMessage,
+    ) -> Result<Handled, HandleError> {
+        let reason = invalid.to_string();
+        let id = properties.message_id().as_ref().map(|s| s.as_str());
+        let props = broker::json_properties(id, &[(broker::REASON_HEADER, reason.clone())]);
+        publisher
+            .publish("", &self.names.invalid, body, props)
+            .await?;
+        metrics::counter!(telemetry::INVALID).increment(1);
+        self.metrics.outcome(OutcomeName::Invalid);
+        Ok(Handled::Invalid { reason })
+    }
+
+    /// Another delivery of the message's id is in flight: through the shortest delay queue
+    /// back to be decided again once that one is done.
+    async fn wait_in_flight(&self, sent: &Sent<'_>) -> Result<Handled, HandleError> {
+        let queue = self.names.delay_queue(broker::DELAY_TIERS_MS[0]);
+        sent.publish("", &queue, &[]).await?;
+        self.metrics.outcome(OutcomeName::InFlight);
+        Ok(Handled::InFlight)
+    }
+
+    /// Publishes an admitted message to the dispatch exchange after recording the refusals of
+    /// shadow rules, then writes its dispatch mark. Its claim is kept alive meanwhile: a
+    /// publish can wait out a broker alarm, longer than one lease.
+    async fn dispatch(
+        &self,
+        sent: &Sent<'_>,
+        claim: &Claim,
+        shadow_refusals: Vec<Verdict>,
+        committed: bool,
+    ) -> Result<Handled, HandleError> {
+        let message = sent.message;
+        let _alive = claim.keep_alive(&self.limiter, message);
+        for verdict in &shadow_refusals {
+            self.record(
+                message,
+                verdict,
+                true,
+                verdict.retry_after,
+                sent.now,
+                sent.replay_of,
+            )
+            .await?;
+        }
+        if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit) && committed {
+            tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
+            std::future::pending::<()>().await;
+        }
+        let props = broker::json_properties(Some(&message.id), &[]);
+        let started = Instant::now();
+        sent.publisher
+            .publish(&self.names.dispatch, &message.channel, sent.body, props)
+            .await?;
+        self.metrics
+            .dispatch_seconds
+            .record(started.elapsed().as_secs_f64());
+        self.marks.mark_dispatched(message, sent.now).await?;
+        Ok(Handled::Dispatched {
+            shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
+        })
+    }
+
+    /// Parks a message only `delay` rules refused in the delay queue that returns it about
+    /// `until`.
+    async fn delay(&self, sent: &Sent<'_>, until: DateTime<Utc>) -> Result<Handled, HandleError> {
+        let queue = self.names.delay_queue(broker::delay_tier(sent.now, until));
+        let delayed_until = (broker::DELAYED_UNTIL_HEADER, until.to_rfc3339());
+        sent.publish("", &queue, &[delayed_until]).await?;
+        metrics::counter!(telemetry::DELAYED).increment(1);
+        Ok(Handled::Delayed { until })
     }
 
     /// Moves a message a service refuses for good to the quarantine queue, with `poison` in its
@@ -311,5 +346,35 @@ impl Pipeline {
             .denial_write_seconds
             .record(started.elapsed().as_secs_f64());
         Ok(())
+    }
+}
+
+/// A decoded delivery on its way to an outcome, with what republishing it needs.
+struct Sent<'a> {
+    publisher: &'a Publisher,
+    message: &'a SendRequest,
+    body: &'a [u8],
+    now: DateTime<Utc>,
+    /// The denial this delivery replays, carried on whenever it is republished.
+    replay_of: Option<i64>,
+}
+
+impl Sent<'_> {
+    /// Republishes the body to `queue` through `exchange` with `headers`, its id and the
+    /// replay it belongs to kept.
+    async fn publish(
+        &self,
+        exchange: &str,
+        queue: &str,
+        headers: &[(&'static str, String)],
+    ) -> Result<(), BrokerError> {
+        let mut headers = headers.to_vec();
+        if let Some(denial) = self.replay_of {
+            headers.push((broker::REPLAY_OF_HEADER, denial.to_string()));
+        }
+        let props = broker::json_properties(Some(&self.message.id), &headers);
+        self.publisher
+            .publish(exchange, queue, self.body, props)
+            .await
     }
 }

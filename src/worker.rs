@@ -19,7 +19,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::acks::Settler;
 use crate::admin::Health;
-use crate::broker::{self, BrokerError, Publisher};
+use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::config::Settings;
 use crate::failpoint::{self, Failpoint};
@@ -123,24 +123,7 @@ async fn consume(
     publishing: &Connection,
 ) -> Result<(), BrokerError> {
     let publisher = Publisher::open(publishing).await?;
-    let channel = broker::timed("channel.open", consuming.create_channel()).await?;
-    broker::declare(&channel, &pipeline.names, settings.amqp.queue_type).await?;
-    broker::timed(
-        "basic.qos",
-        channel.basic_qos(settings.amqp.prefetch, BasicQosOptions::default()),
-    )
-    .await?;
-    let mut consumer = broker::timed(
-        "basic.consume",
-        channel.basic_consume(
-            broker::short(&pipeline.names.requests)?,
-            "sendquota-worker".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        ),
-    )
-    .await?;
-    info!(queue = %pipeline.names.requests, "consuming");
+    let (channel, mut consumer) = open_consumer(settings, &pipeline.names, consuming).await?;
     health.set_consuming(true);
     let mut blocked = publisher.blocked().clone();
     health.set_blocked(blocked.borrow_and_update().clone());
@@ -165,18 +148,10 @@ async fn consume(
                 }
             }
             _ = watchdog.tick() => {
-                // Idle is fine when the queue is empty, every slot is busy or the broker
-                // blocks publishing; idle with free slots and ready messages means the
-                // consumer stopped without telling us. (A stalled consumer holding all waiting
-                // messages within its prefetch shows no ready ones; its backlog is noticed as
-                // soon as more arrive.)
+                // Idle is fine when every slot is busy or the broker blocks publishing.
                 if !delivered && !paused && slots.available_permits() > 0 {
-                    let ready = match broker::ready_count(&channel, &pipeline.names.requests).await {
-                        Ok(ready) => ready,
-                        Err(e) => break Err(e),
-                    };
-                    if ready > 0 {
-                        break Err(BrokerError::Stalled { ready });
+                    if let Err(e) = check_not_stalled(&channel, &pipeline.names.requests).await {
+                        break Err(e);
                     }
                 }
                 delivered = false;
@@ -197,10 +172,7 @@ async fn consume(
                         yield_slot_after: Duration::from_millis(settings.worker.yield_slot_after_ms),
                         stop: stop.clone(),
                     };
-                    tokio::spawn(async move {
-                        task.process(delivery).await;
-                        drop(slot);
-                    });
+                    task.spawn(delivery, slot);
                 }
                 Some(Err(e)) => break Err(e.into()),
                 None => break Err(BrokerError::ConsumerEnded),
@@ -212,6 +184,57 @@ async fn consume(
         // The session is lost: publishes still waiting on it will not be confirmed.
         publisher.end();
     }
+    drain(settings, &slots, settler, settling).await;
+    result
+}
+
+/// Opens the consuming channel, declares the topology and starts consuming the requests queue
+/// with the configured prefetch.
+async fn open_consumer(
+    settings: &Settings,
+    names: &Names,
+    consuming: &Connection,
+) -> Result<(Channel, lapin::Consumer), BrokerError> {
+    let channel = broker::timed("channel.open", consuming.create_channel()).await?;
+    broker::declare(&channel, names, settings.amqp.queue_type).await?;
+    broker::timed(
+        "basic.qos",
+        channel.basic_qos(settings.amqp.prefetch, BasicQosOptions::default()),
+    )
+    .await?;
+    let consumer = broker::timed(
+        "basic.consume",
+        channel.basic_consume(
+            broker::short(&names.requests)?,
+            "sendquota-worker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await?;
+    info!(queue = %names.requests, "consuming");
+    Ok((channel, consumer))
+}
+
+/// The watchdog's check, for a consumer that received nothing for an interval while it had
+/// free slots and the broker did not block it: messages ready in `queue` mean it stopped
+/// without telling us. (A stalled consumer holding all waiting messages within its prefetch
+/// shows no ready ones; its backlog is noticed as soon as more arrive.)
+async fn check_not_stalled(channel: &Channel, queue: &str) -> Result<(), BrokerError> {
+    match broker::ready_count(channel, queue).await? {
+        0 => Ok(()),
+        ready => Err(BrokerError::Stalled { ready }),
+    }
+}
+
+/// Lets the deliveries in flight finish (up to the shutdown timeout) and sends the acks still
+/// owed; what does not make it returns to the queue unacked.
+async fn drain(
+    settings: &Settings,
+    slots: &Semaphore,
+    settler: Settler,
+    settling: tokio::task::JoinHandle<()>,
+) {
     let drained = tokio::time::timeout(
         Duration::from_millis(settings.worker.shutdown_timeout_ms),
         slots.acquire_many(settings.worker.concurrency as u32),
@@ -227,7 +250,6 @@ async fn consume(
     {
         warn!("acks still owed could not be sent in time; the broker redelivers");
     }
-    result
 }
 
 /// One delivery being processed, with what it needs to retry.
@@ -244,6 +266,14 @@ struct Task {
 }
 
 impl Task {
+    /// Processes `delivery` on its own task, holding `slot` until it is done.
+    fn spawn(self, delivery: Delivery, slot: tokio::sync::OwnedSemaphorePermit) {
+        tokio::spawn(async move {
+            self.process(delivery).await;
+            drop(slot);
+        });
+    }
+
     /// Whether retrying is pointless: a lost channel can neither publish nor ack, and the
     /// broker redelivers the message on the next session.
     fn channels_lost(&self) -> bool {
@@ -255,12 +285,8 @@ impl Task {
     /// the channel is gone or the worker is stopping.
     async fn process(mut self, delivery: Delivery) {
         let claim = Claim::new(self.pipeline.claim_lease_ms);
-        let mut attempts = 0u32;
-        let mut refused_in_a_row = 0u32;
-        let mut first_error: Option<String> = None;
-        let mut failing_since: Option<std::time::Instant> = None;
+        let mut failures = Failures::default();
         loop {
-            attempts += 1;
             // Boxed: the decision's state machine is kilobytes, and a task's future is moved
             // whole when it is spawned and when it completes.
             let handled = Box::pin(self.pipeline.handle(
@@ -277,66 +303,93 @@ impl Task {
                     return;
                 }
                 Err(e) => {
-                    let error = e.to_string();
-                    first_error.get_or_insert_with(|| error.clone());
-                    refused_in_a_row = match e.failure() {
-                        Failure::Refused => refused_in_a_row + 1,
-                        Failure::Transient => 0,
-                    };
-                    if outcome::after_failure(refused_in_a_row) == Next::Quarantine {
-                        let poison = Poison {
-                            reason: error.clone(),
-                            attempts,
-                            first_error: first_error.clone().unwrap_or_default(),
-                        };
-                        let quarantined = self
-                            .pipeline
-                            .quarantine(
-                                &self.publisher,
-                                &delivery.data,
-                                &delivery.properties,
-                                &claim,
-                                &poison,
-                            )
-                            .await;
-                        match quarantined {
-                            Ok(()) => {
-                                self.settler.ack(delivery.delivery_tag);
-                                return;
-                            }
-                            Err(q) => warn!(error = %q, "message not quarantined; retrying"),
-                        }
-                    }
-                    let wait = self.backoff.next();
-                    let failing_for = failing_since.get_or_insert_with(std::time::Instant::now);
-                    if failing_for.elapsed() >= self.yield_slot_after {
-                        let yielded = self
-                            .pipeline
-                            .yield_slot(
-                                &self.publisher,
-                                &delivery.data,
-                                &delivery.properties,
-                                &claim,
-                                wait,
-                            )
-                            .await;
-                        match yielded {
-                            Ok(()) => {
-                                self.settler.ack(delivery.delivery_tag);
-                                return;
-                            }
-                            Err(y) => warn!(error = %y, "message could not yield its slot"),
-                        }
-                    }
-                    warn!(error = %error, retry_in_ms = wait.as_millis() as u64, "message not decided");
-                    if self.channels_lost() || sleep_or_stop(wait, &self.stop).await {
-                        // Given up without a dispatch: its copies need not wait out the lease.
-                        self.pipeline.abandon(&delivery.data, &claim).await;
-                        self.settler.requeue(delivery.delivery_tag);
+                    failures.count(&e);
+                    if self.after_failure(&delivery, &claim, &failures).await {
                         return;
                     }
                 }
             }
+        }
+    }
+
+    /// What follows a failed attempt: quarantine a message refused too often, yield the slot
+    /// of one that has failed too long, else wait and retry; gives up (back to the queue) when
+    /// the channel is gone or the worker stops. Returns whether the delivery is settled.
+    async fn after_failure(&mut self, delivery: &Delivery, claim: &Claim, f: &Failures) -> bool {
+        let (body, properties) = (&delivery.data, &delivery.properties);
+        if outcome::after_failure(f.refused_in_a_row) == Next::Quarantine {
+            let poison = f.poison();
+            let quarantined = self
+                .pipeline
+                .quarantine(&self.publisher, body, properties, claim, &poison)
+                .await;
+            match quarantined {
+                Ok(()) => return self.acked(delivery),
+                Err(q) => warn!(error = %q, "message not quarantined; retrying"),
+            }
+        }
+        let wait = self.backoff.next();
+        if f.failing_for() >= self.yield_slot_after {
+            let yielded = self
+                .pipeline
+                .yield_slot(&self.publisher, body, properties, claim, wait)
+                .await;
+            match yielded {
+                Ok(()) => return self.acked(delivery),
+                Err(y) => warn!(error = %y, "message could not yield its slot"),
+            }
+        }
+        warn!(error = %f.last, retry_in_ms = wait.as_millis() as u64, "message not decided");
+        if self.channels_lost() || sleep_or_stop(wait, &self.stop).await {
+            // Given up without a dispatch: its copies need not wait out the lease.
+            self.pipeline.abandon(body, claim).await;
+            self.settler.requeue(delivery.delivery_tag);
+            return true;
+        }
+        false
+    }
+
+    /// Hands `delivery` to the settler to be acked; it is settled.
+    fn acked(&self, delivery: &Delivery) -> bool {
+        self.settler.ack(delivery.delivery_tag);
+        true
+    }
+}
+
+/// One delivery's failed attempts so far.
+#[derive(Default)]
+struct Failures {
+    attempts: u32,
+    refused_in_a_row: u32,
+    first: Option<String>,
+    last: String,
+    since: Option<std::time::Instant>,
+}
+
+impl Failures {
+    /// Counts a failed attempt.
+    fn count(&mut self, e: &crate::pipeline::HandleError) {
+        self.attempts += 1;
+        self.last = e.to_string();
+        self.first.get_or_insert_with(|| self.last.clone());
+        self.since.get_or_insert_with(std::time::Instant::now);
+        self.refused_in_a_row = match e.failure() {
+            Failure::Refused => self.refused_in_a_row + 1,
+            Failure::Transient => 0,
+        };
+    }
+
+    /// How long the delivery has been failing.
+    fn failing_for(&self) -> Duration {
+        self.since.map_or(Duration::ZERO, |t| t.elapsed())
+    }
+
+    /// Why the delivery is quarantined, for its headers.
+    fn poison(&self) -> Poison {
+        Poison {
+            reason: self.last.clone(),
+            attempts: self.attempts,
+            first_error: self.first.clone().unwrap_or_default(),
         }
     }
 }

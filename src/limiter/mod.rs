@@ -193,39 +193,89 @@ impl Limiter {
             .cache
             .as_ref()
             .filter(|_| commit && DenyCache::eligible(&rules));
-        if let Some(cache) = cache {
-            if let Some(verdicts) = cache.lookup(message, &rules, zone, now) {
-                metrics::counter!(crate::telemetry::DENY_CACHE_HITS).increment(1);
-                return Ok(Evaluation {
-                    verdicts,
-                    committed: false,
-                    dispatched: false,
-                    in_flight: None,
-                });
-            }
+        if let Some(verdicts) = cache.and_then(|c| c.lookup(message, &rules, zone, now)) {
+            metrics::counter!(crate::telemetry::DENY_CACHE_HITS).increment(1);
+            return Ok(Evaluation::decided(verdicts, false));
         }
         let generation = cache.map(|c| c.generation());
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; rules.len()];
-        let mut taken: Vec<ScopeCall<'_>> = Vec::new();
-        let mut blocked = false;
-        let mut conn = self.conn.clone();
         let calls = self.scope_calls(&rules, message, now, zone, commit, claim.is_some());
         let marks_read = calls.first().is_some_and(|c| c.reads_marks);
         // Without a recipient scope to take it with the decision, the claim is taken first.
         let claimed_alone = claim.filter(|_| !marks_read);
+        if let Some(early) = self
+            .before_scopes(message, now, commit, marks_read, claimed_alone)
+            .await?
+        {
+            return Ok(early);
+        }
+        let run = match self
+            .run_scopes(calls, rules.len(), message, now, zone, commit, claim)
+            .await?
+        {
+            Scopes::Ran(run) => run,
+            Scopes::Stopped(early) => return Ok(early),
+        };
+        if run.blocked {
+            self.give_back(&run.taken, message, now, claim, claimed_alone)
+                .await?;
+        }
+        let admitted = commit && !run.blocked;
+        if admitted && self.admission_changes_full_recipients(policy, &run.verdicts) {
+            self.announce_changed(&message.recipient).await?;
+        }
+        if let (Some(cache), Some(generation), true) = (cache, generation, run.blocked) {
+            self.remember_denial(cache, message, zone, now, &rules, &run.verdicts, generation)
+                .await?;
+        }
+        Ok(Evaluation::decided(run.verdicts, admitted))
+    }
+
+    /// What is settled before any rule is read: a claim taken on its own (no recipient scope
+    /// takes it with the decision) may find the message dispatched or in flight; without
+    /// claims, a committing decision whose scripts cannot read the marks reads its mark first.
+    async fn before_scopes(
+        &self,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        commit: bool,
+        marks_read: bool,
+        claimed_alone: Option<&Claim>,
+    ) -> Result<Option<Evaluation>, LimiterError> {
         if let Some(claim) = claimed_alone {
             let reply = self.claim_op(message, now, claim, Mode::Claim).await?;
-            match reply.as_slice() {
-                [2] => return Ok(Evaluation::dispatched()),
-                [3, wait] => return Ok(Evaluation::in_flight(*wait)),
-                _ => {}
-            }
-        } else if commit
+            return Ok(match reply.as_slice() {
+                [2] => Some(Evaluation::dispatched()),
+                [3, wait] => Some(Evaluation::in_flight(*wait)),
+                _ => None,
+            });
+        }
+        if commit
             && !marks_read
             && dedup::is_marked(&self.conn, &self.namespace, message, now).await?
         {
-            return Ok(Evaluation::dispatched());
+            return Ok(Some(Evaluation::dispatched()));
         }
+        Ok(None)
+    }
+
+    /// Runs each scope's script in turn, committing while no enforcing rule has refused and
+    /// checking only after one has; stops early when the first (recipient) scope finds the
+    /// message dispatched or in flight.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_scopes<'r>(
+        &self,
+        calls: Vec<ScopeCall<'r>>,
+        rule_count: usize,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        zone: Tz,
+        commit: bool,
+        claim: Option<&Claim>,
+    ) -> Result<Scopes<'r>, LimiterError> {
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; rule_count];
+        let mut taken = Vec::new();
+        let mut blocked = false;
+        let mut conn = self.conn.clone();
         for call in calls {
             let mode = if commit && !blocked {
                 Mode::Commit
@@ -237,11 +287,11 @@ impl Limiter {
                 .await?;
             if reply.dispatched {
                 // Only the first call (the recipient scope) reads the marks: nothing taken yet.
-                return Ok(Evaluation::dispatched());
+                return Ok(Scopes::Stopped(Evaluation::dispatched()));
             }
             if let Some(wait) = reply.in_flight {
                 // Likewise only the first call reads the claims.
-                return Ok(Evaluation::in_flight(wait));
+                return Ok(Scopes::Stopped(Evaluation::in_flight(wait)));
             }
             for (&(index, rule), raw) in call.rules.iter().zip(&reply.results) {
                 verdicts[index] = Some(verdict(rule, raw, now, zone, message.cost));
@@ -252,44 +302,46 @@ impl Limiter {
                 blocked = true;
             }
         }
-        if blocked {
-            for call in &taken {
-                let _: redis::Value = call
-                    .invoke(&mut conn, now, &message.id, Mode::Refund, claim)
-                    .await?;
-            }
-            if !taken.is_empty() {
-                self.announce_changed(&message.recipient).await?;
-            }
-            if let Some(claim) = claimed_alone {
-                self.claim_op(message, now, claim, Mode::Release).await?;
-            }
+        Ok(Scopes::Ran(ScopesRun {
+            verdicts: verdicts.into_iter().flatten().collect(),
+            taken,
+            blocked,
+        }))
+    }
+
+    /// Gives back what the scopes in `taken` took for a message another scope refused, and a
+    /// claim taken on its own.
+    async fn give_back(
+        &self,
+        taken: &[ScopeCall<'_>],
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        claim: Option<&Claim>,
+        claimed_alone: Option<&Claim>,
+    ) -> Result<(), LimiterError> {
+        let mut conn = self.conn.clone();
+        for call in taken {
+            let _: redis::Value = call
+                .invoke(&mut conn, now, &message.id, Mode::Refund, claim)
+                .await?;
         }
-        let verdicts: Vec<Verdict> = verdicts.into_iter().flatten().collect();
-        // A recipient no day has room for can still change: an id admitted before by some
-        // rules only (their windows differ) is admitted again and commits the others; and with
-        // filtered recipient rules, a message matching other rules is admitted (see
-        // `DenyCache::admission_invalidates`).
-        let admitted = commit && !blocked;
-        if admitted
-            && verdicts.iter().any(|v| !v.already)
-            && (verdicts.iter().any(|v| v.already)
-                || (self.cache.is_some() && DenyCache::admission_invalidates(policy)))
-        {
+        if !taken.is_empty() {
             self.announce_changed(&message.recipient).await?;
         }
-        if let (Some(cache), Some(generation)) = (cache, generation) {
-            if blocked {
-                self.remember_denial(cache, message, zone, now, &rules, &verdicts, generation)
-                    .await?;
-            }
+        if let Some(claim) = claimed_alone {
+            self.claim_op(message, now, claim, Mode::Release).await?;
         }
-        Ok(Evaluation {
-            verdicts,
-            committed: commit && !blocked,
-            dispatched: false,
-            in_flight: None,
-        })
+        Ok(())
+    }
+
+    /// Whether an admission with `verdicts` can change a recipient some worker caches as full:
+    /// an id admitted before by some rules only (their windows differ) is admitted again and
+    /// commits the others; and with filtered recipient rules, a message matching other rules
+    /// is admitted (see `DenyCache::admission_invalidates`).
+    fn admission_changes_full_recipients(&self, policy: &Policy, verdicts: &[Verdict]) -> bool {
+        verdicts.iter().any(|v| !v.already)
+            && (verdicts.iter().any(|v| v.already)
+                || (self.cache.is_some() && DenyCache::admission_invalidates(policy)))
     }
 
     /// Gives back everything `message` took under `policy` (every scope, as a cross-scope
@@ -569,7 +621,31 @@ impl Limiter {
     }
 }
 
+/// How running the scopes' scripts ended.
+enum Scopes<'r> {
+    /// Every scope ran.
+    Ran(ScopesRun<'r>),
+    /// The message was dispatched before, or another delivery holds it: nothing decided.
+    Stopped(Evaluation),
+}
+
+/// Every scope's verdicts, the scopes that took the message, and whether one refused.
+struct ScopesRun<'r> {
+    verdicts: Vec<Verdict>,
+    taken: Vec<ScopeCall<'r>>,
+    blocked: bool,
+}
+
 impl Evaluation {
+    fn decided(verdicts: Vec<Verdict>, committed: bool) -> Evaluation {
+        Evaluation {
+            verdicts,
+            committed,
+            dispatched: false,
+            in_flight: None,
+        }
+    }
+
     fn dispatched() -> Evaluation {
         Evaluation {
             verdicts: Vec::new(),
