@@ -24,9 +24,9 @@ use std::time::Instant;
 use chrono::{DateTime, Duration, Utc};
 use futures_util::StreamExt;
 use sendquota::config::Settings;
-use sendquota::limiter::Limiter;
-use sendquota::message::SendRequest;
-use sendquota::policy::Policy;
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::policy::Policy;
 
 const KINDS: [(&str, &str); 10] = [
     ("calendar_quota (headline)", "kind = \"calendar_quota\""),

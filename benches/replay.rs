@@ -1,4 +1,4 @@
-//! Replay throughput: N generated denials published again through `sendquota::replay`, with
+//! Replay throughput: N generated denials published again through `sendquota::internals::replay`, with
 //! one row per transaction (the default: a crash republishes at most one) and in batches.
 //!
 //! `cargo bench --bench replay -- [--denials N]`
@@ -9,8 +9,8 @@ mod common;
 #[allow(dead_code)] // Each bench uses a part of the tests' harness.
 mod support;
 
-use sendquota::denials::{DenialFilter, DenialStore};
-use sendquota::replay::{replay, ReplayOptions};
+use sendquota::internals::denials::{DenialFilter, DenialStore};
+use sendquota::internals::replay::{replay, ReplayOptions};
 use support::TestEnv;
 
 #[tokio::main]

@@ -70,8 +70,8 @@ use futures_util::StreamExt;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
-use sendquota::broker::{self, Names, Publisher, DELAY_TIERS_MS};
 use sendquota::config::{AmqpSettings, QueueType};
+use sendquota::internals::broker::{self, Names, Publisher, DELAY_TIERS_MS};
 use support::private::{free_port, PrivatePostgres, PrivateRabbit, PrivateRedis};
 use support::TestEnv;
 
@@ -527,7 +527,7 @@ async fn produce(
     items: Vec<Item>,
     rate: u64,
     mut producer: Producer,
-    env_redis: sendquota::store::RedisConn,
+    env_redis: sendquota::internals::store::RedisConn,
     namespace: String,
     primers: HashMap<String, String>,
     shared: Arc<Shared>,
@@ -548,7 +548,7 @@ async fn produce(
             let front = queue.front().expect("not empty");
             if front.kind == Kind::Quarantine && !marked.contains(&front.key.0) {
                 let recipient = front.key.0.clone();
-                let key = sendquota::dedup::recipient_sent_key(&namespace, &recipient);
+                let key = sendquota::internals::dedup::recipient_sent_key(&namespace, &recipient);
                 let score = tokio::time::timeout(
                     Duration::from_millis(300),
                     redis::cmd("ZSCORE")

@@ -2,7 +2,7 @@
 //!
 //! A producer that retries a publish, or a redelivery racing its first delivery, puts several
 //! copies of one message in flight, on one worker or several. The dispatch mark
-//! ([`crate::sent`]) is only written once the broker confirmed the dispatch, so a copy decided
+//! ([`crate::dedup`]) is only written once the broker confirmed the dispatch, so a copy decided
 //! meanwhile would find the id "already admitted" and be dispatched again. So a delivery that
 //! may go out claims its message id (recipient, id) in the same script call as the decision,
 //! and a copy that finds a live claim of another delivery neither dispatches nor denies: it

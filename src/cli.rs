@@ -244,6 +244,19 @@ fn service(what: &str) -> impl Fn(&dyn std::fmt::Display) -> CliError + '_ {
     }
 }
 
+/// The `sendquota` command line: starts logging, runs the command, and on failure prints one
+/// line on standard error and returns the failure's exit code.
+pub fn main(cli: Cli) -> std::process::ExitCode {
+    crate::telemetry::init_logging();
+    match start(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sendquota: {}", crate::message::one_line(&e.to_string()));
+            std::process::ExitCode::from(e.exit_code())
+        }
+    }
+}
+
 /// Loads the configuration, builds the runtime the command runs on (the worker's has
 /// `worker.threads` threads) and runs the command to completion.
 pub fn start(cli: Cli) -> Result<(), CliError> {

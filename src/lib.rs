@@ -2,47 +2,144 @@
 //!
 //! Producers publish send requests to RabbitMQ; the worker decides each one against every
 //! frequency cap and rate limit that applies, atomically in Redis, and dispatches, delays or
-//! denies it. Data flows one way through these modules:
+//! denies it. A message flows one way through these modules:
 //!
 //! ```text
-//! worker (delivery) -> message (decode, validate) -> policy (which rules apply)
-//!   -> limiter (one Lua script call per scope, all-or-nothing; refunds across scopes)
-//!   -> decision (pure: verdicts -> allow / deny / delay / shadow)
-//!   -> pipeline (make the outcome durable: broker publish, denials row, delay queue)
-//!   -> worker (ack only after that; retry with backoff on any service failure)
+//! worker      a broker session's deliveries, slots, retries (broker: lapin connections,
+//!             topology, confirmed publishes; acks: coalesced acks)
+//!   -> message    decode and validate the request
+//!   -> policy     which rules apply (kinds: each limiter kind, beside lua/kinds/<kind>.lua)
+//!   -> limiter    one Lua script call per scope, all-or-nothing, refunds across scopes
+//!                 (claim: one delivery of an id at a time; dedup: dispatch marks;
+//!                 deny_cache: full recipients answered from memory)
+//!   -> decision   pure: every rule's verdict -> allow / deny / delay / shadow
+//!   -> pipeline   make the outcome durable: dispatch publish and mark, denial row
+//!                 (denials), delay queue, invalid queue, quarantine
+//!   -> outcome    what it came to, and after a failure: retry or quarantine
+//!   -> worker     ack only after that
 //! ```
 //!
-//! Supporting modules: `config` (TOML + environment), `clock` (injectable time), `store` (the Redis
-//! connection, single or cluster, through redis-rs), `tls` (certificate files and the process's one
-//! rustls crypto provider), `broker` (RabbitMQ through lapin: connections, topology and confirmed
-//! publishing), `dedup` (dispatch marks that stop a redelivery from being sent twice), `claim`
-//! (in-flight claims: one delivery of a message id at a time), `denials` (the Postgres history
-//! operators query), `quarantine` (the operator's side of the quarantine queue), `acks`
-//! (coalesced acks), `admin` (the admin HTTP API), `replay` (replaying denials from cron),
-//! `telemetry` (logs and metrics), `cli` (the `sendquota` command).
+//! Around it: `startup` builds the application and runs it until stopped; `config` (TOML and
+//! environment), `clock` (injectable time), `store` (the Redis connection, single or cluster),
+//! `tls` (certificate files and the process's one rustls crypto provider), `admin` (the admin
+//! HTTP API), `replay` and `quarantine` (the operators' commands on denied and quarantined
+//! messages), `telemetry` (logs and metrics), `failpoint` (crash-test faults, cargo feature
+//! `failpoints`), `cli` (the `sendquota` command).
+//!
+//! The library's API is the command (`cli`), its settings (`config`), and running the worker
+//! in a process of one's own (`startup`, with a `clock` and a `failpoint`). Everything else is
+//! reachable through `internals` for the project's tests and benches only.
 
-pub mod acks;
-pub mod admin;
-pub mod broker;
-pub mod claim;
 pub mod cli;
 pub mod clock;
 pub mod config;
-pub mod decision;
-pub mod dedup;
-pub mod denials;
-pub mod deny_cache;
 pub mod failpoint;
-pub mod kinds;
-pub mod limiter;
-pub mod message;
-pub mod outcome;
-pub mod pipeline;
-pub mod policy;
-pub mod quarantine;
-pub mod replay;
 pub mod startup;
-pub mod store;
-pub mod telemetry;
-pub mod tls;
-pub mod worker;
+
+mod acks;
+mod admin;
+mod broker;
+mod claim;
+mod decision;
+mod dedup;
+mod denials;
+mod deny_cache;
+mod kinds;
+mod limiter;
+mod message;
+mod outcome;
+mod pipeline;
+mod policy;
+mod quarantine;
+mod replay;
+mod store;
+mod telemetry;
+mod tls;
+mod worker;
+
+/// The modules behind the API, for the project's integration tests and benches: they drive the
+/// limiter, the policy and the stores directly against the real services. Not a stable
+/// interface.
+#[doc(hidden)]
+pub mod internals {
+    /// The crate's `acks` module.
+    pub mod acks {
+        pub use crate::acks::*;
+    }
+    /// The crate's `admin` module.
+    pub mod admin {
+        pub use crate::admin::*;
+    }
+    /// The crate's `broker` module.
+    pub mod broker {
+        pub use crate::broker::*;
+    }
+    /// The crate's `claim` module.
+    pub mod claim {
+        pub use crate::claim::*;
+    }
+    /// The crate's `decision` module.
+    pub mod decision {
+        pub use crate::decision::*;
+    }
+    /// The crate's `dedup` module.
+    pub mod dedup {
+        pub use crate::dedup::*;
+    }
+    /// The crate's `denials` module.
+    pub mod denials {
+        pub use crate::denials::*;
+    }
+    /// The crate's `deny_cache` module.
+    pub mod deny_cache {
+        pub use crate::deny_cache::*;
+    }
+    /// The crate's `kinds` module.
+    pub mod kinds {
+        pub use crate::kinds::*;
+    }
+    /// The crate's `limiter` module.
+    pub mod limiter {
+        pub use crate::limiter::*;
+    }
+    /// The crate's `message` module.
+    pub mod message {
+        pub use crate::message::*;
+    }
+    /// The crate's `outcome` module.
+    pub mod outcome {
+        pub use crate::outcome::*;
+    }
+    /// The crate's `pipeline` module.
+    pub mod pipeline {
+        pub use crate::pipeline::*;
+    }
+    /// The crate's `policy` module.
+    pub mod policy {
+        pub use crate::policy::*;
+    }
+    /// The crate's `quarantine` module.
+    pub mod quarantine {
+        pub use crate::quarantine::*;
+    }
+    /// The crate's `replay` module.
+    pub mod replay {
+        pub use crate::replay::*;
+    }
+    /// The crate's `store` module.
+    pub mod store {
+        pub use crate::store::*;
+    }
+    /// The crate's `telemetry` module.
+    pub mod telemetry {
+        pub use crate::telemetry::*;
+    }
+    /// The crate's `tls` module.
+    pub mod tls {
+        pub use crate::tls::*;
+    }
+    /// The crate's `worker` module.
+    pub mod worker {
+        pub use crate::worker::*;
+    }
+}

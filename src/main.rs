@@ -11,16 +11,5 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = sendquota::cli::Cli::parse();
-    sendquota::telemetry::init_logging();
-    match sendquota::cli::start(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!(
-                "sendquota: {}",
-                sendquota::message::one_line(&e.to_string())
-            );
-            ExitCode::from(e.exit_code())
-        }
-    }
+    sendquota::cli::main(sendquota::cli::Cli::parse())
 }

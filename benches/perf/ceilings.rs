@@ -13,10 +13,10 @@ use futures_util::StreamExt;
 use lapin::BasicProperties;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use sendquota::broker::Names;
-use sendquota::dedup::recipient_sent_key;
-use sendquota::kinds::calendar::{day_number, day_start, window_reach};
-use sendquota::limiter::keys::ids_key;
+use sendquota::internals::broker::Names;
+use sendquota::internals::dedup::recipient_sent_key;
+use sendquota::internals::kinds::calendar::{day_number, day_start, window_reach};
+use sendquota::internals::limiter::keys::ids_key;
 
 use crate::keyspace::headline_key;
 use crate::procs::{Procs, Tally};

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use sendquota::config::Settings;
-use sendquota::limiter::Limiter;
-use sendquota::message::SendRequest;
-use sendquota::policy::Policy;
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::policy::Policy;
 
 use crate::progress::Progress;
 use crate::support::request;

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use sendquota::limiter::keys::{rule_key, scope_tag};
-use sendquota::policy::ScopeValue;
+use sendquota::internals::limiter::keys::{rule_key, scope_tag};
+use sendquota::internals::policy::ScopeValue;
 
 use crate::support::{self, TestEnv};
 

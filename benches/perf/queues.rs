@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
-use sendquota::broker::Names;
+use sendquota::internals::broker::Names;
 
 use crate::procs::{Procs, Tally};
 use crate::progress::Progress;
@@ -92,10 +92,10 @@ pub async fn connection_pair(role: &str) -> (lapin::Connection, lapin::Connectio
         url: support::amqp_url(),
         ..Default::default()
     };
-    let consume = sendquota::broker::connect(&settings, &format!("{role}-consume"))
+    let consume = sendquota::internals::broker::connect(&settings, &format!("{role}-consume"))
         .await
         .expect("amqp connect");
-    let publish = sendquota::broker::connect(&settings, &format!("{role}-publish"))
+    let publish = sendquota::internals::broker::connect(&settings, &format!("{role}-publish"))
         .await
         .expect("amqp connect");
     (consume, publish)

@@ -40,7 +40,7 @@ pub struct Evaluation {
     /// True when every scope committed (the message may be dispatched); always false for
     /// a dry run.
     pub committed: bool,
-    /// The message id holds an unexpired dispatch mark (see [`crate::sent`]): it went out
+    /// The message id holds an unexpired dispatch mark (see [`crate::dedup`]): it went out
     /// before, nothing was decided and `verdicts` is empty. Only a committing evaluation looks.
     pub dispatched: bool,
     /// Another delivery of the message id holds its in-flight claim (see [`crate::claim`]),

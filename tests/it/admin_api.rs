@@ -269,7 +269,8 @@ async fn a_reset_that_cannot_be_audited_resets_nothing() {
 #[tokio::test]
 async fn the_openapi_document_lists_exactly_the_routes_that_exist() {
     let (_env, _clock, port) = admin_env().await;
-    let doc: Value = serde_json::from_str(sendquota::admin::OPENAPI).expect("OpenAPI is JSON");
+    let doc: Value =
+        serde_json::from_str(sendquota::internals::admin::OPENAPI).expect("OpenAPI is JSON");
     let mut documented = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().expect("paths") {
         for method in ["get", "post", "put", "delete", "patch"] {
@@ -278,7 +279,7 @@ async fn the_openapi_document_lists_exactly_the_routes_that_exist() {
             }
         }
     }
-    let routed: BTreeSet<(String, String)> = sendquota::admin::ROUTES
+    let routed: BTreeSet<(String, String)> = sendquota::internals::admin::ROUTES
         .iter()
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
         .collect();

@@ -28,12 +28,12 @@ use chrono::{DateTime, Duration, NaiveTime, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
 use sendquota::config::{RedisSettings, Settings};
-use sendquota::decision::Verdict;
-use sendquota::kinds::Kind;
-use sendquota::limiter::{Evaluation, Limiter};
-use sendquota::message::SendRequest;
-use sendquota::policy::Policy;
-use sendquota::store::RedisConn;
+use sendquota::internals::decision::Verdict;
+use sendquota::internals::kinds::Kind;
+use sendquota::internals::limiter::{Evaluation, Limiter};
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::policy::Policy;
+use sendquota::internals::store::RedisConn;
 
 // ---------------------------------------------------------------------------------------------
 // Harness

@@ -15,11 +15,11 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
-use sendquota::kinds::calendar::{day_number, day_start, window_reach, DayNumber};
-use sendquota::kinds::{CalendarQuota, Kind};
-use sendquota::limiter::Limiter;
-use sendquota::message::SendRequest;
-use sendquota::policy::{Match, OnDeny, Policy, Rule, Scope};
+use sendquota::internals::kinds::calendar::{day_number, day_start, window_reach, DayNumber};
+use sendquota::internals::kinds::{CalendarQuota, Kind};
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::policy::{Match, OnDeny, Policy, Rule, Scope};
 
 /// The rule as a specification, for one recipient whose messages may carry any zone: a send is
 /// admitted at instant `now` in zone Z when, in Z's calendar, fewer than `per_day` admitted
@@ -151,7 +151,7 @@ fn calendar_quota_script_matches_the_model_on_a_cluster() {
 }
 
 /// The key's remaining time to live in milliseconds (-2 when it is gone).
-async fn pttl(redis: &sendquota::store::RedisConn, key: &str) -> i64 {
+async fn pttl(redis: &sendquota::internals::store::RedisConn, key: &str) -> i64 {
     redis::cmd("PTTL")
         .arg(key)
         .query_async(&mut redis.clone())
@@ -244,7 +244,7 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
 /// One recipient's messages decided with the limiter against real Redis, one rule `q`.
 struct Recipient {
     rt: tokio::runtime::Runtime,
-    redis: sendquota::store::RedisConn,
+    redis: sendquota::internals::store::RedisConn,
     limiter: Limiter,
     namespace: String,
     name: String,

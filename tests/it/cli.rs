@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use chrono::{Duration, SecondsFormat, SubsecRound, Utc};
 use sendquota::clock::ManualClock;
-use sendquota::dedup::DispatchMarks;
+use sendquota::internals::dedup::DispatchMarks;
 use serde_json::{json, Value};
 use support::{request, TestEnv};
 

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 
 use sendquota::clock::ManualClock;
 use sendquota::config::Settings;
-use sendquota::limiter::Limiter;
-use sendquota::message::SendRequest;
-use sendquota::store::RedisConn;
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::store::RedisConn;
 use support::{local, request, TestEnv};
 
 #[tokio::test]
@@ -162,7 +162,7 @@ async fn the_redis_version_is_read_from_a_single_server_and_from_every_cluster_m
     let installed = String::from_utf8_lossy(&installed.stdout).into_owned();
     for (name, settings) in support::redis_targets() {
         let conn = support::connect_redis(&settings).await;
-        let version = sendquota::store::check_version(&conn)
+        let version = sendquota::internals::store::check_version(&conn)
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"))
             .unwrap_or_else(|| panic!("{name}: no version reported"));

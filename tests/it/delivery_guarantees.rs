@@ -184,7 +184,9 @@ async fn ten_copies_of_each_message_across_two_workers_are_dispatched_once_each(
     }
     // Every copy has been decided once the requests and the shortest delay queue stay empty
     // for longer than a copy's trip through the delay queue.
-    let delay = env.names.delay_queue(sendquota::broker::DELAY_TIERS_MS[0]);
+    let delay = env
+        .names
+        .delay_queue(sendquota::internals::broker::DELAY_TIERS_MS[0]);
     let mut quiet_since = Instant::now();
     while quiet_since.elapsed() < Duration::from_millis(2_500) {
         assert!(Instant::now() < deadline, "the copies were all decided");
@@ -333,7 +335,10 @@ async fn a_burst_of_finished_deliveries_is_settled_with_a_few_multiple_acks() {
     let _ = worker.wait();
     let _ = std::fs::remove_file(&config);
     let frames = |kind: &str| -> u64 {
-        let series = format!("{}{{kind=\"{kind}\"}} ", sendquota::telemetry::ACK_FRAMES);
+        let series = format!(
+            "{}{{kind=\"{kind}\"}} ",
+            sendquota::internals::telemetry::ACK_FRAMES
+        );
         metrics
             .lines()
             .find_map(|line| line.strip_prefix(series.as_str()))

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use sendquota::denials::{DenialFilter, DenialRow, DenialStore};
+use sendquota::internals::denials::{DenialFilter, DenialRow, DenialStore};
 use support::TestEnv;
 
 async fn partitions(env: &TestEnv) -> Vec<String> {

@@ -12,11 +12,11 @@ use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
 use sendquota::clock::ManualClock;
 use sendquota::config::Settings;
-use sendquota::dedup::DispatchMarks;
-use sendquota::deny_cache::DenyCache;
-use sendquota::limiter::Limiter;
-use sendquota::message::SendRequest;
-use sendquota::policy::Policy;
+use sendquota::internals::dedup::DispatchMarks;
+use sendquota::internals::deny_cache::DenyCache;
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::policy::Policy;
 use support::{local, request, TestEnv};
 
 const ZONES: [&str; 3] = ["UTC", "America/New_York", "Asia/Kathmandu"];
@@ -112,7 +112,7 @@ fn exact_over_random_workloads(toml: &str, min_hit_one_in: u64) {
                             );
                         }
                         let b = plain.evaluate(&policy, &m, now, true).await.expect("plain");
-                        let view = |e: &sendquota::limiter::Evaluation| {
+                        let view = |e: &sendquota::internals::limiter::Evaluation| {
                             (
                                 e.committed,
                                 e.dispatched,

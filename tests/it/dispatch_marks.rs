@@ -5,7 +5,7 @@
 use crate::support;
 
 use chrono::Duration;
-use sendquota::dedup::{recipient_sent_key, DispatchMarks, PRUNE_EVERY};
+use sendquota::internals::dedup::{recipient_sent_key, DispatchMarks, PRUNE_EVERY};
 use support::local;
 
 const TTL_S: u64 = 60;

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use sendquota::broker::{self, Names, Publisher};
 use sendquota::config::QueueType;
-use sendquota::denials::DenialStore;
+use sendquota::internals::broker::{self, Names, Publisher};
+use sendquota::internals::denials::DenialStore;
 use support::private::{PrivatePostgres, PrivateRabbit, PrivateRedis};
 
 const MESSAGES: usize = 10_000;

@@ -17,13 +17,13 @@ use proptest::sample::Index;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestCaseResult;
 use sendquota::config::{ConfigError, Settings};
-use sendquota::limiter::keys::{encode, rule_key, scope_tag};
-use sendquota::limiter::Limiter;
-use sendquota::message::{
+use sendquota::internals::limiter::keys::{encode, rule_key, scope_tag};
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::{
     InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES, MAX_COST, MAX_ID_CHARS,
     MAX_NAME_CHARS, MAX_RECIPIENT_CHARS,
 };
-use sendquota::policy::{Policy, ScopeValue};
+use sendquota::internals::policy::{Policy, ScopeValue};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
@@ -1215,7 +1215,7 @@ impl Drop for KeysGuard {
 
 /// Keys matching `pattern` on the single server, scanning 10,000 at a time (the shared server
 /// may hold hundreds of thousands of other keys).
-async fn scan_keys(conn: &sendquota::store::RedisConn, pattern: &str) -> Vec<String> {
+async fn scan_keys(conn: &sendquota::internals::store::RedisConn, pattern: &str) -> Vec<String> {
     let mut conn = conn.clone();
     let mut keys = Vec::new();
     let mut cursor = 0u64;

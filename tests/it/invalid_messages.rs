@@ -5,8 +5,8 @@ use crate::support;
 
 use std::collections::HashMap;
 
-use sendquota::broker;
 use sendquota::clock::ManualClock;
+use sendquota::internals::broker;
 use support::{local, request, TestEnv};
 
 /// Publishes `body`, then a valid message; returns the reason header of the one message that

@@ -174,8 +174,8 @@ async fn a_delay_rule_parks_the_message_until_it_allows_then_dispatches_it_once(
 #[tokio::test]
 async fn changing_a_rules_limits_keeps_its_counters() {
     use sendquota::config::Settings;
-    use sendquota::limiter::Limiter;
-    use sendquota::message::SendRequest;
+    use sendquota::internals::limiter::Limiter;
+    use sendquota::internals::message::SendRequest;
     let env = TestEnv::new().await;
     let rule = |limit: u32| {
         Settings::from_toml(

@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sendquota::broker::{self, Names, Publisher};
 use sendquota::clock::ManualClock;
-use sendquota::denials::{DenialFilter, DenialStore, NewDenial};
-use sendquota::message::SendRequest;
-use sendquota::replay::{replay, ReplayOptions};
+use sendquota::internals::broker::{self, Names, Publisher};
+use sendquota::internals::denials::{DenialFilter, DenialStore, NewDenial};
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::replay::{replay, ReplayOptions};
 use support::{local, request, TestEnv};
 
 /// Records `n` denials directly (as the worker would), one per recipient.

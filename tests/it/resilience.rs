@@ -10,10 +10,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lapin::options::BasicGetOptions;
-use sendquota::broker::{self, Publisher};
 use sendquota::clock::ManualClock;
 use sendquota::config::QueueType;
 use sendquota::failpoint::Failpoint;
+use sendquota::internals::broker::{self, Publisher};
 use support::http::http;
 use support::private::{free_port, PrivateRabbit};
 use support::{local, request, TestEnv};

@@ -127,14 +127,18 @@ async fn a_denial_postgres_refuses_for_its_data_is_quarantined_and_its_batch_is_
     assert_eq!(quarantined.len(), 1);
     let q = &quarantined[0].delivery;
     assert_eq!(q.data, poison, "the body as it was published");
-    let header = |name| sendquota::broker::header(&q.properties, name).unwrap_or_default();
-    let reason = header(sendquota::broker::QUARANTINE_REASON_HEADER);
+    let header =
+        |name| sendquota::internals::broker::header(&q.properties, name).unwrap_or_default();
+    let reason = header(sendquota::internals::broker::QUARANTINE_REASON_HEADER);
     assert!(
         reason.contains("SQLSTATE 22003"),
         "the reason names Postgres's refusal: {reason}"
     );
-    assert_eq!(header(sendquota::broker::QUARANTINE_ATTEMPTS_HEADER), "3");
-    assert!(!header(sendquota::broker::QUARANTINE_FIRST_ERROR_HEADER).is_empty());
+    assert_eq!(
+        header(sendquota::internals::broker::QUARANTINE_ATTEMPTS_HEADER),
+        "3"
+    );
+    assert!(!header(sendquota::internals::broker::QUARANTINE_FIRST_ERROR_HEADER).is_empty());
     for i in 0..OTHERS {
         assert!(
             !env.outcome(&format!("second-{i}"), &mut seen).await,

@@ -13,9 +13,9 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use redis::AsyncCommands;
 use sendquota::clock::ManualClock;
-use sendquota::denials::{DenialFilter, DenialStore};
-use sendquota::limiter::keys::{encode, rule_key, scope_tag};
-use sendquota::policy::ScopeValue;
+use sendquota::internals::denials::{DenialFilter, DenialStore};
+use sendquota::internals::limiter::keys::{encode, rule_key, scope_tag};
+use sendquota::internals::policy::ScopeValue;
 use support::http::http;
 use support::private::free_port;
 use support::process::{run_for, Run};
@@ -696,8 +696,10 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
     assert!(script_rs.contains("redis::Script::new(&source_for(kinds))"));
     // Every piece a script is composed of is a file of lua/ (a kind's, of lua/kinds/), compiled
     // in verbatim, and every such file is one piece.
-    use sendquota::kinds::SOURCES;
-    use sendquota::limiter::script::{prelude_for, source_for, KindSet, DRIVER, PRELUDE};
+    use sendquota::internals::kinds::SOURCES;
+    use sendquota::internals::limiter::script::{
+        prelude_for, source_for, KindSet, DRIVER, PRELUDE,
+    };
     let lua = |name: &str| {
         std::fs::read_to_string(root.join("lua").join(format!("{name}.lua"))).expect("read lua")
     };

@@ -12,11 +12,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lapin::options::BasicGetOptions;
-use sendquota::broker::{self, Names, Publisher};
 use sendquota::config::{AmqpSettings, DatabaseSettings, QueueType, RedisSettings};
-use sendquota::denials::{DenialFilter, DenialStore};
-use sendquota::store::RedisConn;
-use sendquota::tls::TlsFiles;
+use sendquota::internals::broker::{self, Names, Publisher};
+use sendquota::internals::denials::{DenialFilter, DenialStore};
+use sendquota::internals::store::RedisConn;
+use sendquota::internals::tls::TlsFiles;
 use support::process::{run_for, Run};
 
 /// The TLS-only servers of this test run and their certificates.
@@ -43,7 +43,7 @@ fn var(name: &str) -> String {
 
 impl Servers {
     fn from_env() -> Servers {
-        sendquota::tls::install_crypto_provider();
+        sendquota::internals::tls::install_crypto_provider();
         Servers {
             ca: var("SENDQUOTA_TEST_TLS_CA"),
             wrong_ca: var("SENDQUOTA_TEST_TLS_WRONG_CA"),
@@ -339,7 +339,7 @@ async fn dispatch_and_deny_over_tls(mutual: bool, cluster: bool) {
         .await
         .expect("the TLS redis answers over TLS");
     if !cluster {
-        let channel = sendquota::deny_cache::channel(&namespace);
+        let channel = sendquota::internals::deny_cache::channel(&namespace);
         let subscribers: HashMap<String, i64> = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use sendquota::config::Settings;
-use sendquota::decision::Verdict;
-use sendquota::kinds::human_ms;
-use sendquota::limiter::keys::{rule_key, scope_tag};
-use sendquota::limiter::Limiter;
-use sendquota::message::SendRequest;
-use sendquota::policy::{Policy, ScopeValue};
-use sendquota::store::RedisConn;
+use sendquota::internals::decision::Verdict;
+use sendquota::internals::kinds::human_ms;
+use sendquota::internals::limiter::keys::{rule_key, scope_tag};
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::SendRequest;
+use sendquota::internals::policy::{Policy, ScopeValue};
+use sendquota::internals::store::RedisConn;
 
 // ---------------------------------------------------------------------------------------------
 // The models

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sendquota::message::SendRequest;
+use sendquota::internals::message::SendRequest;
 
 use super::{Bench, SLICES};
 use crate::decision_path::{decode, evaluate_all, policy};

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use sendquota::config::QueueType;
-use sendquota::telemetry::{
+use sendquota::internals::telemetry::{
     ACK_FRAMES, DECISION_SECONDS, DENIAL_BATCHES, DENIAL_WRITE_SECONDS, DISPATCH_SECONDS,
 };
 

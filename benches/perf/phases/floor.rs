@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use sendquota::acks::Settler;
-use sendquota::broker::{Names, Publisher};
+use sendquota::internals::acks::Settler;
+use sendquota::internals::broker::{Names, Publisher};
 use tokio::sync::Semaphore;
 
 use crate::procs::{Procs, Tally};
@@ -55,7 +55,7 @@ async fn broker_floor(names: Names, n: usize, (prefetch, concurrency): (u16, usi
                 let exchange = names.dispatch.clone();
                 tokio::spawn(async move {
                     if delivery.delivery_tag % 2 == 1 {
-                        let props = sendquota::broker::json_properties(None, &[]);
+                        let props = sendquota::internals::broker::json_properties(None, &[]);
                         publisher
                             .publish(&exchange, "sms", &delivery.data, props)
                             .await

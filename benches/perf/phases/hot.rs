@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
-use sendquota::deny_cache::DenyCache;
-use sendquota::limiter::Limiter;
-use sendquota::message::SendRequest;
+use sendquota::internals::deny_cache::DenyCache;
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::message::SendRequest;
 
 use super::{Bench, SLICES};
 use crate::decision_path::{decode, evaluate_all};

@@ -177,7 +177,7 @@ async fn publish_paced(
     while sent < total || !confirms.is_empty() {
         tokio::select! {
             Some(confirm) = confirms.next(), if !confirms.is_empty() => {
-                let confirm: Result<(), sendquota::broker::BrokerError> = confirm;
+                let confirm: Result<(), sendquota::internals::broker::BrokerError> = confirm;
                 confirm.expect("publish request");
             }
             _ = ticks.tick(), if sent < total => {

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use redis::aio::MultiplexedConnection;
 use sendquota::config::QueueType;
-use sendquota::limiter::script::{script_for, source_for, KindSet};
-use sendquota::limiter::Limiter;
-use sendquota::policy::Policy;
+use sendquota::internals::limiter::script::{script_for, source_for, KindSet};
+use sendquota::internals::limiter::Limiter;
+use sendquota::internals::policy::Policy;
 
 use crate::args::Args;
 use crate::ceilings::LuaLoop;

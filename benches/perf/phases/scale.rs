@@ -6,7 +6,7 @@
 //! (each recipient twice). Every measured recipient has one earlier send in its window and gets
 //! one admitted and one denied message, so both pools take the same script paths.
 
-use sendquota::message::SendRequest;
+use sendquota::internals::message::SendRequest;
 
 use super::Bench;
 use crate::decision_path::{decode, evaluate_all};

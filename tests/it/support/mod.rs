@@ -20,13 +20,13 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use redis::AsyncCommands;
-use sendquota::broker::{self, Names, Publisher, DELAY_TIERS_MS};
 use sendquota::clock::ManualClock;
 use sendquota::config::{
     RedisSettings, Settings, DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL,
 };
-use sendquota::denials::{Denial, DenialFilter, DenialStore};
-use sendquota::store::RedisConn;
+use sendquota::internals::broker::{self, Names, Publisher, DELAY_TIERS_MS};
+use sendquota::internals::denials::{Denial, DenialFilter, DenialStore};
+use sendquota::internals::store::RedisConn;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
