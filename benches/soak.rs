@@ -35,14 +35,9 @@ async fn main() {
     let env = TestEnv::with_queue_type("", sendquota::config::QueueType::Quorum).await;
     let config = std::env::temp_dir().join(format!("{}-soak.toml", env.namespace));
     std::fs::write(&config, "[amqp]\nqueue_type = \"quorum\"\n").expect("config");
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_sendquota"))
+    let mut worker = env
+        .worker_command()
         .args(["--config", config.to_str().expect("utf-8"), "worker"])
-        .env("SENDQUOTA_NAMESPACE", &env.namespace)
-        .env("SENDQUOTA_REDIS_URL", support::redis_url())
-        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
-        .env("SENDQUOTA_ADMIN_LISTEN", "")
-        .env("SENDQUOTA_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .expect("start the worker");

@@ -51,10 +51,7 @@ impl Drop for TempFile {
 
 /// The binary with no SENDQUOTA_* setting inherited from the test process and logging off.
 fn bare() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SENDQUOTA_")) {
-        cmd.env_remove(k);
-    }
+    let mut cmd = support::process::sendquota();
     cmd.env("SENDQUOTA_LOG", "off");
     cmd
 }

@@ -3,7 +3,7 @@
 use crate::support;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
@@ -123,14 +123,9 @@ fn spawn_worker_binary(
     failpoint: bool,
     admin_port: u16,
 ) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
+    let mut cmd = env.worker_command();
     cmd.args(["--config", config.to_str().expect("utf-8 path")])
         .args(["worker", "--now", "2026-02-02T09:00:00Z"])
-        .env("SENDQUOTA_NAMESPACE", &env.namespace)
-        .env("SENDQUOTA_REDIS_URL", support::redis_url())
-        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
-        .env("SENDQUOTA_LOG", "warn")
         .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null());

@@ -3,7 +3,6 @@
 
 use crate::support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -123,7 +122,7 @@ async fn prune_drops_whole_partitions_older_than_the_age_and_keeps_the_rest() {
     assert_eq!(before.len(), 13, "{before:?}");
     let config = std::env::temp_dir().join(format!("{}-prune.toml", env.namespace));
     std::fs::write(&config, "").expect("config");
-    let out = Command::new(env!("CARGO_BIN_EXE_sendquota"))
+    let out = support::process::sendquota()
         .args([
             "--config",
             config.to_str().expect("utf-8"),

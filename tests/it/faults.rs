@@ -36,15 +36,13 @@ struct World {
 
 impl World {
     fn worker(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_sendquota"))
+        support::process::sendquota()
             .args(["--config", self.config.to_str().expect("utf-8")])
             .args(["worker", "--now", "2026-04-01T09:00:00Z"])
-            .env_remove("SENDQUOTA_CONFIG")
             .env("SENDQUOTA_NAMESPACE", NAMESPACE)
             .env("SENDQUOTA_REDIS_URL", self.redis.url())
             .env("SENDQUOTA_AMQP_URL", self.rabbit.url())
             .env("SENDQUOTA_DATABASE_URL", self.postgres.url("sendquota"))
-            .env("SENDQUOTA_ADMIN_LISTEN", "")
             .env("SENDQUOTA_LOG", "error")
             .stdout(Stdio::null())
             .stderr(Stdio::null())

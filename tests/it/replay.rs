@@ -83,12 +83,8 @@ async fn replay_all(env: &TestEnv, store: &DenialStore) -> usize {
 }
 
 fn binary(env: &TestEnv, config: &std::path::Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
+    let mut cmd = env.worker_command();
     cmd.args(["--config", config.to_str().expect("utf-8")])
-        .env("SENDQUOTA_NAMESPACE", &env.namespace)
-        .env("SENDQUOTA_REDIS_URL", support::redis_url())
-        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
         .env("SENDQUOTA_LOG", "off")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -132,7 +132,7 @@ async fn the_worker_runs_on_as_many_runtime_threads_as_configured() {
 /// Starts the worker binary on `config`, against `env`'s services and namespace, its admin API
 /// on `admin_port`.
 fn spawn_worker(env: &TestEnv, config: &std::path::Path, admin_port: u16) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_sendquota"))
+    env.worker_command()
         .args([
             "--config",
             config.to_str().expect("utf-8"),
@@ -140,12 +140,7 @@ fn spawn_worker(env: &TestEnv, config: &std::path::Path, admin_port: u16) -> std
             "--now",
             "2026-04-01T09:00:00Z",
         ])
-        .env("SENDQUOTA_NAMESPACE", &env.namespace)
-        .env("SENDQUOTA_REDIS_URL", support::redis_url())
-        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
         .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
-        .env("SENDQUOTA_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

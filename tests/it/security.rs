@@ -596,10 +596,7 @@ async fn sql_metacharacters_in_a_denied_message_are_stored_and_listed_back_verba
     }
 
     // The CLI filter too.
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sendquota"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SENDQUOTA_")) {
-        cmd.env_remove(k);
-    }
+    let mut cmd = support::process::sendquota();
     cmd.env("SENDQUOTA_LOG", "off")
         .env("SENDQUOTA_DATABASE_URL", &env.database_url)
         .args(["denials", "--recipient", &recipient, "--format", "json"]);
