@@ -153,13 +153,6 @@ async fn main() {
     );
 }
 
-/// Recipient id suffixes that are hostile to key building (the numeric prefix keeps every id
-/// distinct), as in the suite's input tests.
-const SUFFIXES: &[&str] = &[
-    "", "{", "}", ":", "%", "%7B", "a}{b:c", " ", "\u{2028}", "é", "中", "😀", "\u{200b}", "\"",
-    "\\",
-];
-
 /// Decides the first message of each of `n` recipients with hostile ids; returns how many
 /// were allowed (all of them, when the key building is right).
 async fn first_messages_to_hostile_ids(
@@ -171,15 +164,7 @@ async fn first_messages_to_hostile_ids(
     let now: DateTime<Utc> = "2026-03-02T09:00:00Z".parse().expect("instant");
     futures_util::stream::iter(0..n)
         .map(|i| async move {
-            let request = SendRequest {
-                id: format!("m-{i}"),
-                recipient: format!("{i}{}", SUFFIXES[i % SUFFIXES.len()]),
-                channel: "sms".to_owned(),
-                category: "default".to_owned(),
-                timezone: None,
-                cost: 1,
-                payload: None,
-            };
+            let request = support::first_message_to_hostile_id(i);
             let evaluation = limiter
                 .evaluate(policy, &request, now, true)
                 .await

@@ -1237,13 +1237,6 @@ async fn scan_keys(conn: &sendquota::internals::store::RedisConn, pattern: &str)
     }
 }
 
-/// Suffixes that make recipient ids hostile to key building; the numeric prefix keeps every
-/// id distinct.
-const SUFFIXES: &[&str] = &[
-    "", "{", "}", ":", "%", "%7B", "a}{b:c", " ", "\u{2028}", "é", "中", "😀", "\u{200b}", "\"",
-    "\\",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and_one_key() {
     const RECIPIENTS: usize = 100_000;
@@ -1262,15 +1255,7 @@ async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and
     let limiter_ref = &limiter;
     let denied: Vec<(String, String)> = stream::iter(0..RECIPIENTS)
         .map(|i| async move {
-            let request = SendRequest {
-                id: format!("m-{i}"),
-                recipient: format!("{i}{}", SUFFIXES[i % SUFFIXES.len()]),
-                channel: "sms".to_owned(),
-                category: "default".to_owned(),
-                timezone: None,
-                cost: 1,
-                payload: None,
-            };
+            let request = support::first_message_to_hostile_id(i);
             let evaluation = limiter_ref
                 .evaluate(policy_ref, &request, now, true)
                 .await

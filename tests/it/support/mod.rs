@@ -717,3 +717,24 @@ pub async fn delete_keys(conn: &mut RedisConn, pattern: &str) {
         }
     }
 }
+
+/// Suffixes that make recipient ids hostile to key building; the numeric prefix keeps every
+/// id distinct.
+const HOSTILE_SUFFIXES: &[&str] = &[
+    "", "{", "}", ":", "%", "%7B", "a}{b:c", " ", "\u{2028}", "é", "中", "😀", "\u{200b}", "\"",
+    "\\",
+];
+
+/// Message `m-<i>` (sms, no zone) to recipient `<i><suffix>`, with suffixes hostile to key
+/// building (braces, colons, percent signs, spaces, emoji): every id distinct.
+pub fn first_message_to_hostile_id(i: usize) -> sendquota::internals::message::SendRequest {
+    sendquota::internals::message::SendRequest {
+        id: format!("m-{i}"),
+        recipient: format!("{i}{}", HOSTILE_SUFFIXES[i % HOSTILE_SUFFIXES.len()]),
+        channel: "sms".to_owned(),
+        category: "default".to_owned(),
+        timezone: None,
+        cost: 1,
+        payload: None,
+    }
+}
