@@ -90,6 +90,20 @@ impl Model {
     }
 }
 
+/// A policy of one calendar quota, `cq`, on each recipient, in UTC by default.
+fn one_rule(q: CalendarQuota) -> Policy {
+    Policy {
+        default_zone: chrono_tz::UTC,
+        rules: vec![Rule {
+            name: "cq".to_owned(),
+            kind: Kind::CalendarQuota(q),
+            matcher: Match::default(),
+            scope: Scope::Recipient,
+            on_deny: OnDeny::Drop,
+        }],
+    }
+}
+
 const ZONES: [&str; 9] = [
     "UTC",
     "America/New_York",
@@ -173,16 +187,7 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
     let result = support::property_runner(96).run(&strategy, |(q, start, steps)| {
         let n = case.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let recipient = format!("r{n}");
-        let policy = Policy {
-            default_zone: chrono_tz::UTC,
-            rules: vec![Rule {
-                name: "cq".to_owned(),
-                kind: Kind::CalendarQuota(q),
-                matcher: Match::default(),
-                scope: Scope::Recipient,
-                on_deny: OnDeny::Drop,
-            }],
-        };
+        let policy = one_rule(q);
         let mut model = Model {
             q,
             admitted: BTreeMap::new(),
@@ -262,16 +267,7 @@ impl Recipient {
             redis,
             namespace,
             name: "pat".to_owned(),
-            policy: Policy {
-                default_zone: chrono_tz::UTC,
-                rules: vec![Rule {
-                    name: "cq".to_owned(),
-                    kind: Kind::CalendarQuota(q),
-                    matcher: Match::default(),
-                    scope: Scope::Recipient,
-                    on_deny: OnDeny::Drop,
-                }],
-            },
+            policy: one_rule(q),
         }
     }
 

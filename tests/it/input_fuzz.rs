@@ -1094,18 +1094,6 @@ const CONTROL: &[char] = &[
     '\u{0}', '\u{7}', '\t', '\n', '\r', '\u{1b}', '\u{1f}', '\u{7f}', '\u{80}', '\u{85}', '\u{9f}',
 ];
 
-/// The part of a key Redis Cluster hashes: the first `{...}` with content, else the key.
-fn cluster_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
-}
-
 fn request_for(recipient: &str) -> Result<SendRequest, InvalidMessage> {
     let body = serde_json::json!({"id": "m-1", "recipient": recipient, "channel": "sms"});
     SendRequest::decode(body.to_string().as_bytes(), DEFAULT_MAX_BODY_BYTES)
@@ -1163,7 +1151,11 @@ fn recipients_from_every_unicode_category_decode_and_get_their_own_hash_tag() {
             "headline",
             "calendar_quota",
         );
-        assert_eq!(cluster_tag(&key), format!("r:{encoded}"), "{recipient:?}");
+        assert_eq!(
+            support::cluster_tag(&key),
+            format!("r:{encoded}"),
+            "{recipient:?}"
+        );
         assert!(
             !encoded.contains(['{', '}', ':']) && !encoded.chars().any(char::is_whitespace),
             "{recipient:?} encodes to {encoded:?}"
@@ -1283,7 +1275,7 @@ async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and
     let distinct: HashSet<&String> = keys.iter().collect();
     assert_eq!(distinct.len(), RECIPIENTS);
     for key in &keys {
-        let tag = cluster_tag(key);
+        let tag = support::cluster_tag(key);
         assert!(tag.starts_with("r:"), "{key}");
         assert!(
             !tag.contains(['{', '}', ' ']) && tag.matches(':').count() == 1,

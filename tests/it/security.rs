@@ -360,18 +360,6 @@ fn the_worker_exits_1_when_postgres_is_unreachable_or_redis_refuses_the_password
 // Message content cannot steer a Redis key
 // ---------------------------------------------------------------------------------------------
 
-/// The part of a key Redis Cluster hashes: the first `{...}` with content, else the key.
-fn cluster_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
-}
-
 /// The inverse of `encode`, or `None` when `s` is not an encoding.
 fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
@@ -469,7 +457,7 @@ fn a_recipient_cannot_steer_its_key_outside_its_own_hash_tag() {
         let key = rule_key("ns", &tag, "headline", "calendar_quota");
         prop_assert_eq!(key.matches('{').count(), 1, "{}", key);
         prop_assert_eq!(key.matches('}').count(), 1, "{}", key);
-        prop_assert_eq!(cluster_tag(&key), format!("r:{encoded}"));
+        prop_assert_eq!(support::cluster_tag(&key), format!("r:{encoded}"));
         prop_assert_eq!(&key, &format!("ns:{{r:{encoded}}}:headline:calendar_quota"));
         prop_assert_eq!(key.matches(':').count(), 4, "{}", key);
         prop_assert!(

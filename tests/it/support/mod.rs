@@ -738,3 +738,15 @@ pub fn first_message_to_hostile_id(i: usize) -> sendquota::internals::message::S
         payload: None,
     }
 }
+
+/// The part of a key Redis Cluster hashes: the first `{...}` with content, else the key.
+pub fn cluster_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
