@@ -15,7 +15,6 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
-
 use crate::decision::{self, Outcome, Verdict};
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
@@ -124,7 +123,7 @@ impl Pipeline {
             self.metrics.outcome(OutcomeName::Duplicate);
             return Ok(Handled::Duplicate);
         }
-        let sent = Sent {
+        let decoded = Decoded {
             publisher,
             message: &message,
             body,
@@ -132,7 +131,7 @@ impl Pipeline {
             replay_of,
         };
         if evaluation.in_flight.is_some() {
-            return self.wait_in_flight(&sent).await;
+            return self.wait_in_flight(&decoded).await;
         }
         for v in &evaluation.verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
@@ -142,7 +141,7 @@ impl Pipeline {
         self.metrics.outcome(outcome.name());
         match outcome {
             Outcome::Allow { shadow_refusals } => {
-                self.dispatch(&sent, claim, shadow_refusals, evaluation.committed)
+                self.dispatch(&decoded, claim, shadow_refusals, evaluation.committed)
                     .await
             }
             Outcome::Deny { rule, retry_after } => {
@@ -150,7 +149,7 @@ impl Pipeline {
                     .await?;
                 Ok(Handled::Denied { rule: rule.rule })
             }
-            Outcome::Delay { until, .. } => self.delay(&sent, until).await,
+            Outcome::Delay { until, .. } => self.delay(&decoded, until).await,
         }
     }
 
@@ -175,9 +174,9 @@ impl Pipeline {
 
     /// Another delivery of the message's id is in flight: through the shortest delay queue
     /// back to be decided again once that one is done.
-    async fn wait_in_flight(&self, sent: &Sent<'_>) -> Result<Handled, HandleError> {
+    async fn wait_in_flight(&self, decoded: &Decoded<'_>) -> Result<Handled, HandleError> {
         let queue = self.names.delay_queue(broker::DELAY_TIERS_MS[0]);
-        sent.publish("", &queue, &[]).await?;
+        decoded.publish("", &queue, &[]).await?;
         self.metrics.outcome(OutcomeName::InFlight);
         Ok(Handled::InFlight)
     }
@@ -187,12 +186,12 @@ impl Pipeline {
     /// publish can wait out a broker alarm, longer than one lease.
     async fn dispatch(
         &self,
-        sent: &Sent<'_>,
+        decoded: &Decoded<'_>,
         claim: &Claim,
         shadow_refusals: Vec<Verdict>,
         committed: bool,
     ) -> Result<Handled, HandleError> {
-        let message = sent.message;
+        let message = decoded.message;
         let _alive = claim.keep_alive(&self.limiter, message);
         for verdict in &shadow_refusals {
             self.record(
@@ -200,8 +199,8 @@ impl Pipeline {
                 verdict,
                 true,
                 verdict.retry_after,
-                sent.now,
-                sent.replay_of,
+                decoded.now,
+                decoded.replay_of,
             )
             .await?;
         }
@@ -211,13 +210,14 @@ impl Pipeline {
         }
         let props = broker::json_properties(Some(&message.id), &[]);
         let started = Instant::now();
-        sent.publisher
-            .publish(&self.names.dispatch, &message.channel, sent.body, props)
+        decoded
+            .publisher
+            .publish(&self.names.dispatch, &message.channel, decoded.body, props)
             .await?;
         self.metrics
             .dispatch_seconds
             .record(started.elapsed().as_secs_f64());
-        self.marks.mark_dispatched(message, sent.now).await?;
+        self.marks.mark_dispatched(message, decoded.now).await?;
         Ok(Handled::Dispatched {
             shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
         })
@@ -225,10 +225,16 @@ impl Pipeline {
 
     /// Parks a message only `delay` rules refused in the delay queue that returns it about
     /// `until`.
-    async fn delay(&self, sent: &Sent<'_>, until: DateTime<Utc>) -> Result<Handled, HandleError> {
-        let queue = self.names.delay_queue(broker::delay_tier(sent.now, until));
+    async fn delay(
+        &self,
+        decoded: &Decoded<'_>,
+        until: DateTime<Utc>,
+    ) -> Result<Handled, HandleError> {
+        let queue = self
+            .names
+            .delay_queue(broker::delay_tier(decoded.now, until));
         let delayed_until = (broker::DELAYED_UNTIL_HEADER, until.to_rfc3339());
-        sent.publish("", &queue, &[delayed_until]).await?;
+        decoded.publish("", &queue, &[delayed_until]).await?;
         metrics::counter!(telemetry::DELAYED).increment(1);
         Ok(Handled::Delayed { until })
     }
@@ -350,7 +356,7 @@ impl Pipeline {
 }
 
 /// A decoded delivery on its way to an outcome, with what republishing it needs.
-struct Sent<'a> {
+struct Decoded<'a> {
     publisher: &'a Publisher,
     message: &'a SendRequest,
     body: &'a [u8],
@@ -359,7 +365,7 @@ struct Sent<'a> {
     replay_of: Option<i64>,
 }
 
-impl Sent<'_> {
+impl Decoded<'_> {
     /// Republishes the body to `queue` through `exchange` with `headers`, its id and the
     /// replay it belongs to kept.
     async fn publish(
