@@ -36,6 +36,8 @@ impl CalendarQuota {
 /// The kind's script.
 pub(super) const LUA: &str = include_str!("../../lua/kinds/calendar_quota.lua");
 
+/// The parameters from a rule's table (the headline rule's by default), per_day no larger
+/// than per_window and the window at most a year.
 pub(super) fn parse(p: &mut Params<'_>) -> Result<CalendarQuota, String> {
     let d = CalendarQuota::HEADLINE;
     let q = CalendarQuota {

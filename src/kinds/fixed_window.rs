@@ -19,6 +19,7 @@ pub struct Window {
 /// The kind's script.
 pub(super) const LUA: &str = include_str!("../../lua/kinds/fixed_window.lua");
 
+/// A limit and a window, both required.
 pub(super) fn parse(p: &mut Params<'_>) -> Result<Window, String> {
     Ok(Window {
         limit: p.positive("limit", None)?,

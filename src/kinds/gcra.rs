@@ -32,6 +32,8 @@ impl Gcra {
 /// The kind's script.
 pub(super) const LUA: &str = include_str!("../../lua/kinds/gcra.lua");
 
+/// A rate (per second by default) and a burst (the rate by default), fine enough and small
+/// enough for exact arithmetic.
 pub(super) fn parse(p: &mut Params<'_>) -> Result<Gcra, String> {
     let rate = p.positive("rate", None)?;
     let g = Gcra {

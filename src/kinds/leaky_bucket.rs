@@ -29,6 +29,7 @@ impl Bucket {
 /// The kind's script.
 pub(super) const LUA: &str = include_str!("../../lua/kinds/leaky_bucket.lua");
 
+/// A capacity and a rate (per second by default) small enough for exact arithmetic.
 pub(super) fn parse(p: &mut Params<'_>) -> Result<Bucket, String> {
     let b = Bucket {
         capacity: p.positive("capacity", None)?,

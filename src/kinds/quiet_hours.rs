@@ -22,6 +22,7 @@ pub struct QuietHours {
 /// The kind's script.
 pub(super) const LUA: &str = include_str!("../../lua/kinds/quiet_hours.lua");
 
+/// A start and an end, as HH:MM local times, not the same.
 pub(super) fn parse(p: &mut Params<'_>) -> Result<QuietHours, String> {
     let mut time = |name: &'static str| -> Result<NaiveTime, String> {
         let text = p

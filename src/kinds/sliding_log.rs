@@ -21,6 +21,7 @@ pub struct SlidingLog {
 /// The kind's script.
 pub(super) const LUA: &str = include_str!("../../lua/kinds/sliding_log.lua");
 
+/// A sub-window and policies whose windows it divides, longer windows allowing more.
 pub(super) fn parse(p: &mut Params<'_>) -> Result<SlidingLog, String> {
     let sub_window_ms = p.duration("sub_window", None)?;
     p.used.push("policies");

@@ -37,6 +37,7 @@ pub struct SlidingWindow {
 /// The kind's script.
 pub(super) const LUA: &str = include_str!("../../lua/kinds/sliding_window.lua");
 
+/// A window with sub-windows that divide it (a tenth of it by default) and a storage layout.
 pub(super) fn parse(p: &mut Params<'_>) -> Result<SlidingWindow, String> {
     let Window { limit, window_ms } = fixed_window::parse(p)?;
     let sub_window_ms = p.duration("sub_window", Some(window_ms / 10).filter(|s| *s > 0))?;
