@@ -30,83 +30,26 @@ use proptest::prelude::*;
 use sendquota::config::{RedisSettings, Settings};
 use sendquota::internals::decision::Verdict;
 use sendquota::internals::kinds::Kind;
-use sendquota::internals::limiter::{Evaluation, Limiter};
+use sendquota::internals::limiter::Evaluation;
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::Policy;
-use sendquota::internals::store::RedisConn;
 
 // ---------------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------------
 
-/// A Tokio runtime, a connection to the shared Redis and a namespace of our own, whose keys
-/// are removed when this is dropped (also when a test fails).
-struct Harness {
-    rt: tokio::runtime::Runtime,
-    conn: RedisConn,
-    limiter: Limiter,
-    namespace: String,
-}
+use support::model::LimiterHarness as Harness;
 
-impl Harness {
-    fn new(prefix: &str) -> Harness {
-        Harness::on(prefix, &support::single_settings())
-    }
-
-    /// A harness on `settings` (the single server or the cluster).
-    fn on(prefix: &str, settings: &RedisSettings) -> Harness {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let namespace = support::unique(prefix);
-        let conn = rt.block_on(support::connect_redis(settings));
-        let limiter = Limiter::new(conn.clone(), &namespace);
-        Harness {
-            rt,
-            conn,
-            limiter,
-            namespace,
-        }
-    }
-
-    fn evaluate(
-        &self,
-        policy: &Policy,
-        message: &SendRequest,
-        now_ms: i64,
-        commit: bool,
-    ) -> Evaluation {
-        let now = DateTime::from_timestamp_millis(now_ms).expect("instant in range");
-        self.rt
-            .block_on(self.limiter.evaluate(policy, message, now, commit))
-            .expect("evaluate")
-    }
-
-    /// Every key of the namespace whose name contains `part`, with its PTTL.
-    fn keys_with_ttl(&self, part: &str) -> Vec<(String, i64)> {
-        self.rt.block_on(async {
-            let keys = support::all_keys(&self.conn, &format!("{}:*", self.namespace))
-                .await
-                .expect("scan keys");
-            let mut out = Vec::new();
-            for key in keys.into_iter().filter(|k| k.contains(part)) {
-                let ttl: i64 = redis::cmd("PTTL")
-                    .arg(&key)
-                    .query_async(&mut self.conn.clone())
-                    .await
-                    .expect("pttl");
-                out.push((key, ttl));
-            }
-            out
-        })
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        let pattern = format!("{}:*", self.namespace);
-        let mut conn = self.conn.clone();
-        self.rt
-            .block_on(async move { support::delete_keys(&mut conn, &pattern).await });
-    }
+/// Decides `message` at epoch ms `now_ms`.
+fn evaluate(
+    h: &Harness,
+    policy: &Policy,
+    message: &SendRequest,
+    now_ms: i64,
+    commit: bool,
+) -> Evaluation {
+    let now = DateTime::from_timestamp_millis(now_ms).expect("instant in range");
+    h.evaluate(policy, message, now, commit)
 }
 
 /// The policy of `toml`, built the way the worker builds it (so validation runs).
@@ -481,7 +424,7 @@ fn script_matches_model_on<M: Model>(
             };
             let id = format!("id{}", s.id);
             let msg = message(&id, &recipient, "UTC", s.cost);
-            let eval = h.evaluate(&policy, &msg, now, s.commit);
+            let eval = evaluate(&h, &policy, &msg, now, s.commit);
             let got = Decision::of(&eval.verdicts[0]);
             let want = model.decide(&id, i128::from(now), s.cost, s.commit);
             prop_assert_eq!(got, want, "step {} at {} ms: {:?}", i, now - START_MS, s);
@@ -495,9 +438,9 @@ fn script_matches_model_on<M: Model>(
                     now
                 );
                 // Waiting exactly retry_after is enough, one ms less is not (dry runs).
-                let at = h.evaluate(&policy, &msg, retry, false);
+                let at = evaluate(&h, &policy, &msg, retry, false);
                 prop_assert!(at.verdicts[0].allowed, "refused at retry_after {}", retry);
-                let before = h.evaluate(&policy, &msg, retry - 1, false);
+                let before = evaluate(&h, &policy, &msg, retry - 1, false);
                 prop_assert!(!before.verdicts[0].allowed, "allowed before retry_after");
             }
         }
@@ -642,7 +585,7 @@ fn instant() -> impl Strategy<Value = DateTime<Utc>> {
 
 #[test]
 fn quiet_hours_match_chrono_tz() {
-    let h = Harness::new("sqtquiet");
+    let h = Harness::single("sqtquiet");
     let case = AtomicU32::new(0);
     let strategy = (
         quiet_window(),
@@ -661,7 +604,7 @@ fn quiet_hours_match_chrono_tz() {
             let policy = load_policy(&toml);
             for (i, &(now, commit)) in instants.iter().enumerate() {
                 let msg = message(&format!("id{n}-{i}"), &format!("r{n}"), zone_name, 1);
-                let eval = h.evaluate(&policy, &msg, now.timestamp_millis(), commit);
+                let eval = evaluate(&h, &policy, &msg, now.timestamp_millis(), commit);
                 let got = Decision::of(&eval.verdicts[0]);
                 let want = quiet_model(start, end, now, zone);
                 let context = format!(
@@ -694,7 +637,8 @@ fn quiet_decision(
         window.0, window.1
     );
     let now: DateTime<Utc> = now_utc.parse().expect("instant");
-    let eval = h.evaluate(
+    let eval = evaluate(
+        h,
         &load_policy(&toml),
         &message("q1", "r1", zone, 1),
         now.timestamp_millis(),
@@ -709,7 +653,7 @@ fn utc(text: &str) -> DateTime<Utc> {
 
 #[test]
 fn quiet_hours_end_skipped_by_a_clock_change_is_the_first_instant_after_it() {
-    let h = Harness::new("sqtquietgap");
+    let h = Harness::single("sqtquietgap");
     // New York, 2026-03-08: 01:45 EST is quiet; 02:30 does not exist, 03:00 EDT comes first.
     let got = quiet_decision(
         &h,
@@ -739,7 +683,7 @@ fn quiet_hours_end_skipped_by_a_clock_change_is_the_first_instant_after_it() {
 
 #[test]
 fn quiet_hours_retry_after_in_a_repeated_hour_is_when_sends_resume() {
-    let h = Harness::new("sqtquietrep");
+    let h = Harness::single("sqtquietrep");
     // New York, 2026-11-01, 01:10 EST (the second 01:10): quiet until 01:30 EST = 06:30Z,
     // not 01:30 EDT = 05:30Z, which is already past.
     let second_pass = quiet_decision(
@@ -767,7 +711,7 @@ fn quiet_hours_retry_after_in_a_repeated_hour_is_when_sends_resume() {
 
 #[test]
 fn quiet_hours_retry_after_is_not_itself_quiet_when_a_gap_skips_the_open_time() {
-    let h = Harness::new("sqtquietskip");
+    let h = Harness::single("sqtquietskip");
     // Quiet 02:30-02:00: open only 02:00-02:30, which New York skips on 2026-03-08. At 01:45
     // EST the next open instant is 2026-03-09 02:00 EDT, not 03:00 EDT (quiet) on the 8th.
     let got = quiet_decision(
@@ -785,7 +729,7 @@ fn quiet_hours_retry_after_is_not_itself_quiet_when_a_gap_skips_the_open_time() 
 
 /// Decides message `id` of `cost` at `now_ms`, committing, and returns the rule's verdict.
 fn send(h: &Harness, policy: &Policy, id: &str, cost: u32, now_ms: i64) -> Verdict {
-    let eval = h.evaluate(policy, &message(id, "r1", "UTC", cost), now_ms, true);
+    let eval = evaluate(h, policy, &message(id, "r1", "UTC", cost), now_ms, true);
     eval.verdicts[0].clone()
 }
 
@@ -796,7 +740,7 @@ fn at(ms: i64) -> Option<DateTime<Utc>> {
 #[test]
 fn leaky_and_token_buckets_count_milliseconds_not_seconds() {
     for kind in ["leaky_bucket", "token_bucket"] {
-        let h = Harness::new("sqtms");
+        let h = Harness::single("sqtms");
         let policy = load_policy(&format!(
             "[[rules]]\nname = \"b\"\nkind = \"{kind}\"\ncapacity = 1\nrate = 1\nperiod = \"1s\"\n"
         ));
@@ -817,7 +761,7 @@ fn leaky_and_token_buckets_count_milliseconds_not_seconds() {
 
 #[test]
 fn token_bucket_half_a_token_is_not_enough_and_retry_after_is_exact() {
-    let h = Harness::new("sqthalf");
+    let h = Harness::single("sqthalf");
     let policy = load_policy(
         "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 1\nrate = 1\n\
          period = \"3s\"\n",
@@ -848,12 +792,12 @@ fn token_bucket_cost_above_capacity_is_refused_at_load_and_per_message() {
         "rule \"b\": cost (4) is larger than capacity (3): no send could ever pass"
     );
 
-    let h = Harness::new("sqtcost");
+    let h = Harness::single("sqtcost");
     let policy = load_policy(
         "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 3\nrate = 1\n\
          period = \"1s\"\n",
     );
-    let eval = h.evaluate(&policy, &message("big", "r1", "UTC", 5), START_MS, true);
+    let eval = evaluate(&h, &policy, &message("big", "r1", "UTC", 5), START_MS, true);
     let v = &eval.verdicts[0];
     assert!(!eval.committed);
     assert!(!v.allowed);
@@ -873,7 +817,7 @@ fn token_bucket_cost_above_capacity_is_refused_at_load_and_per_message() {
 #[test]
 fn skewed_clock_never_over_issues() {
     // The exact sequence: a token bucket of 5 refilled 1 per second.
-    let h = Harness::new("sqtskew");
+    let h = Harness::single("sqtskew");
     let policy = load_policy(
         "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 5\nrate = 1\n\
          period = \"1s\"\n",
@@ -909,7 +853,7 @@ fn skewed_clock_never_over_issues() {
         ("token_bucket", "capacity = 3"),
         ("gcra", "burst = 3"),
     ] {
-        let h = Harness::new("sqtskewloop");
+        let h = Harness::single("sqtskewloop");
         let policy = load_policy(&format!(
             "[[rules]]\nname = \"b\"\nkind = \"{kind}\"\n{extra}\nrate = 2\nperiod = \"1s\"\n"
         ));
@@ -942,7 +886,7 @@ fn skewed_clock_never_over_issues() {
 #[test]
 fn gcra_retry_after_is_rounded_up_and_burst_admits_exactly_burst() {
     // 3 per second: the emission interval is 333.33 ms, so retry_after must round up to 334.
-    let h = Harness::new("sqtgcraround");
+    let h = Harness::single("sqtgcraround");
     let policy = load_policy("[[rules]]\nname = \"g\"\nkind = \"gcra\"\nrate = 3\nburst = 1\n");
     let t0 = START_MS;
     assert!(send(&h, &policy, "m1", 1, t0).allowed);
@@ -956,7 +900,7 @@ fn gcra_retry_after_is_rounded_up_and_burst_admits_exactly_burst() {
     );
 
     for burst in 1..=5u32 {
-        let h = Harness::new("sqtgcraburst");
+        let h = Harness::single("sqtgcraburst");
         let policy = load_policy(&format!(
             "[[rules]]\nname = \"g\"\nkind = \"gcra\"\nrate = 3\nperiod = \"1s\"\n\
              burst = {burst}\n"

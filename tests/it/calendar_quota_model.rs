@@ -17,9 +17,9 @@ use chrono_tz::Tz;
 use proptest::prelude::*;
 use sendquota::internals::kinds::calendar::{day_number, day_start, window_reach, DayNumber};
 use sendquota::internals::kinds::{CalendarQuota, Kind};
-use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::{Match, OnDeny, Policy, Rule, Scope};
+use support::model::LimiterHarness;
 
 /// The rule as a specification, for one recipient whose messages may carry any zone: a send is
 /// admitted at instant `now` in zone Z when, in Z's calendar, fewer than `per_day` admitted
@@ -164,20 +164,8 @@ fn calendar_quota_script_matches_the_model_on_a_cluster() {
     script_matches_model(support::cluster_settings());
 }
 
-/// The key's remaining time to live in milliseconds (-2 when it is gone).
-async fn pttl(redis: &sendquota::internals::store::RedisConn, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut redis.clone())
-        .await
-        .expect("pttl")
-}
-
 fn script_matches_model(settings: sendquota::config::RedisSettings) {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let namespace = support::unique("sqtprop");
-    let redis = rt.block_on(support::connect_redis(&settings));
-    let limiter = Limiter::new(redis.clone(), &namespace);
+    let h = LimiterHarness::on("sqtprop", &settings);
     let case = std::sync::atomic::AtomicU32::new(0);
     let strategy = (
         quota(),
@@ -193,54 +181,46 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
             admitted: BTreeMap::new(),
         };
         let mut now: DateTime<Utc> = STARTS[start].parse().expect("start instant");
-        let key = format!("{namespace}:{{r:{recipient}}}:cq:calendar_quota");
-        rt.block_on(async {
-            for (i, s) in steps.iter().enumerate() {
-                now += Duration::minutes(s.advance_minutes);
-                let zone: Tz = ZONES[s.zone].parse().expect("zone");
-                let id = format!("id{}", s.id);
-                let body = support::request(&id, &recipient, ZONES[s.zone]).to_string();
-                let message = SendRequest::decode(body.as_bytes(), 1 << 16).expect("valid");
-                let eval = limiter
-                    .evaluate(&policy, &message, now, s.commit)
-                    .await
-                    .expect("evaluate");
-                let v = &eval.verdicts[0];
-                let got = Decision {
-                    allowed: v.allowed,
-                    remaining: v.remaining.expect("calendar_quota counts"),
-                    retry_after: v.retry_after,
-                };
-                let want = model.decide(&id, now, zone, s.commit);
-                prop_assert_eq!(got, want, "step {} at {} in {}: {:?}", i, now, zone, s);
-                prop_assert_eq!(eval.committed, s.commit && v.allowed);
-                if eval.committed {
-                    let needed = window_reach(q.window_days);
-                    let ttl = pttl(&redis, &key).await;
-                    // The clock runs on between the commit and PTTL: 5 s covers a slow machine.
-                    prop_assert!(
-                        ttl >= needed.num_milliseconds() - 5_000,
-                        "step {}: key expires in {} ms, its newest entry counts for {} ms",
-                        i,
-                        ttl,
-                        needed.num_milliseconds()
-                    );
-                }
+        let key = format!("{}:{{r:{recipient}}}:cq:calendar_quota", h.namespace);
+        let pttl = |key: &str| -> i64 { h.query(redis::cmd("PTTL").arg(key)) };
+        for (i, s) in steps.iter().enumerate() {
+            now += Duration::minutes(s.advance_minutes);
+            let zone: Tz = ZONES[s.zone].parse().expect("zone");
+            let id = format!("id{}", s.id);
+            let body = support::request(&id, &recipient, ZONES[s.zone]).to_string();
+            let message = SendRequest::decode(body.as_bytes(), 1 << 16).expect("valid");
+            let eval = h.evaluate(&policy, &message, now, s.commit);
+            let v = &eval.verdicts[0];
+            let got = Decision {
+                allowed: v.allowed,
+                remaining: v.remaining.expect("calendar_quota counts"),
+                retry_after: v.retry_after,
+            };
+            let want = model.decide(&id, now, zone, s.commit);
+            prop_assert_eq!(got, want, "step {} at {} in {}: {:?}", i, now, zone, s);
+            prop_assert_eq!(eval.committed, s.commit && v.allowed);
+            if eval.committed {
+                let needed = window_reach(q.window_days);
+                let ttl = pttl(&key);
+                // The clock runs on between the commit and PTTL: 5 s covers a slow machine.
+                prop_assert!(
+                    ttl >= needed.num_milliseconds() - 5_000,
+                    "step {}: key expires in {} ms, its newest entry counts for {} ms",
+                    i,
+                    ttl,
+                    needed.num_milliseconds()
+                );
             }
-            let ttl = pttl(&redis, &key).await;
-            prop_assert!(
-                ttl == -2 || ttl > 0,
-                "key {} has no expiry (PTTL {})",
-                key,
-                ttl
-            );
-            Ok(())
-        })
+        }
+        let ttl = pttl(&key);
+        prop_assert!(
+            ttl == -2 || ttl > 0,
+            "key {} has no expiry (PTTL {})",
+            key,
+            ttl
+        );
+        Ok(())
     });
-    rt.block_on(support::delete_keys(
-        &mut redis.clone(),
-        &format!("{namespace}:*"),
-    ));
     if let Err(e) = result {
         panic!("{e}");
     }
@@ -248,24 +228,15 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
 
 /// One recipient's messages decided with the limiter against real Redis, one rule `q`.
 struct Recipient {
-    rt: tokio::runtime::Runtime,
-    redis: sendquota::internals::store::RedisConn,
-    limiter: Limiter,
-    namespace: String,
+    h: LimiterHarness,
     name: String,
     policy: Policy,
 }
 
 impl Recipient {
     fn new(q: CalendarQuota) -> Recipient {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let redis = rt.block_on(support::connect_redis(&support::single_settings()));
-        let namespace = support::unique("sqtzones");
         Recipient {
-            limiter: Limiter::new(redis.clone(), &namespace),
-            rt,
-            redis,
-            namespace,
+            h: LimiterHarness::single("sqtzones"),
             name: "pat".to_owned(),
             policy: one_rule(q),
         }
@@ -280,39 +251,18 @@ impl Recipient {
         }
         let message = SendRequest::decode(body.to_string().as_bytes(), 1 << 16).expect("valid");
         let at: DateTime<Utc> = at.parse().expect("instant");
-        let eval = self
-            .rt
-            .block_on(self.limiter.evaluate(&self.policy, &message, at, true))
-            .expect("evaluate");
+        let eval = self.h.evaluate(&self.policy, &message, at, true);
         (eval.verdicts[0].allowed, eval.verdicts[0].retry_after)
     }
 
     /// Writes entries the way the version before instants did: scored by local day number.
     fn legacy_entries(&self, entries: &[(&str, &str)]) {
-        let key = format!("{}:{{r:{}}}:cq:calendar_quota", self.namespace, self.name);
+        let key = format!("{}:{{r:{}}}:cq:calendar_quota", self.h.namespace, self.name);
         for (id, date) in entries {
             let at: DateTime<Utc> = format!("{date}T12:00:00Z").parse().expect("date");
             let day = day_number(at, chrono_tz::UTC);
-            let _: i64 = self
-                .rt
-                .block_on(
-                    redis::cmd("ZADD")
-                        .arg(&key)
-                        .arg(day)
-                        .arg(*id)
-                        .query_async(&mut self.redis.clone()),
-                )
-                .expect("zadd");
+            let _: i64 = self.h.query(redis::cmd("ZADD").arg(&key).arg(day).arg(*id));
         }
-    }
-}
-
-impl Drop for Recipient {
-    fn drop(&mut self) {
-        self.rt.block_on(support::delete_keys(
-            &mut self.redis.clone(),
-            &format!("{}:*", self.namespace),
-        ));
     }
 }
 

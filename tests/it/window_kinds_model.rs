@@ -21,10 +21,9 @@ use sendquota::config::Settings;
 use sendquota::internals::decision::Verdict;
 use sendquota::internals::kinds::human_ms;
 use sendquota::internals::limiter::keys::{rule_key, scope_tag};
-use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::{Policy, ScopeValue};
-use sendquota::internals::store::RedisConn;
+use support::model::LimiterHarness;
 
 // ---------------------------------------------------------------------------------------------
 // The models
@@ -412,32 +411,17 @@ impl Params {
 // Redis
 // ---------------------------------------------------------------------------------------------
 
-/// A limiter on the shared Redis under a namespace of its own, removed when dropped (even when
-/// the test fails).
-struct Store {
-    rt: tokio::runtime::Runtime,
-    conn: RedisConn,
-    limiter: Limiter,
-    namespace: String,
-}
+/// The model tests' limiter harness, with what these tests read of the window kinds' keys.
+struct Store(LimiterHarness);
 
 impl Store {
     fn open() -> Store {
-        Store::on(&support::single_settings())
+        Store(LimiterHarness::single("sqtwin"))
     }
 
     /// A store on `settings` (the single server or the cluster).
     fn on(settings: &sendquota::config::RedisSettings) -> Store {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let namespace = support::unique("sqtwin");
-        let conn = rt.block_on(support::connect_redis(settings));
-        let limiter = Limiter::new(conn.clone(), &namespace);
-        Store {
-            rt,
-            conn,
-            limiter,
-            namespace,
-        }
+        Store(LimiterHarness::on("sqtwin", settings))
     }
 
     /// Decides message `id` of `recipient` at epoch ms `now`: the rule's verdict and whether
@@ -445,10 +429,7 @@ impl Store {
     fn eval(&self, policy: &Policy, recipient: &str, id: &str, now: i64, commit: bool) -> Verdict {
         let body = support::request(id, recipient, "UTC").to_string();
         let message = SendRequest::decode(body.as_bytes(), 1 << 16).expect("valid request");
-        let eval = self
-            .rt
-            .block_on(self.limiter.evaluate(policy, &message, at(now), commit))
-            .unwrap_or_else(|e| panic!("evaluate: {e}; {}", support::START_HINT));
+        let eval = self.0.evaluate(policy, &message, at(now), commit);
         assert_eq!(eval.verdicts.len(), 1, "one rule, one verdict");
         let verdict = eval.verdicts.into_iter().next().expect("verdict");
         assert_eq!(
@@ -462,7 +443,7 @@ impl Store {
     /// The state key of rule "w" for `recipient`; the ids key is this plus ":ids".
     fn state_key(&self, recipient: &str, kind: &str) -> String {
         rule_key(
-            &self.namespace,
+            &self.0.namespace,
             &scope_tag(&ScopeValue::Recipient(recipient)),
             "w",
             kind,
@@ -470,9 +451,7 @@ impl Store {
     }
 
     fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        self.rt
-            .block_on(cmd.query_async(&mut self.conn.clone()))
-            .expect("redis command")
+        self.0.query(cmd)
     }
 
     /// The serialised values of `keys` (None for a missing key): equal before and after a step
@@ -490,28 +469,11 @@ impl Store {
     /// Keys of `recipient` that exist without an expiry, with their PTTL.
     fn keys_without_expiry(&self, recipient: &str) -> Vec<(String, i64)> {
         let tag = scope_tag(&ScopeValue::Recipient(recipient));
-        let keys = self
-            .rt
-            .block_on(support::all_keys(
-                &self.conn,
-                &format!("{}:{tag}:*", self.namespace),
-            ))
-            .expect("scan keys");
-        keys.into_iter()
-            .map(|k| {
-                let ttl: i64 = self.query(redis::cmd("PTTL").arg(&k));
-                (k, ttl)
-            })
+        self.0
+            .keys_with_ttl(&format!(":{tag}:"))
+            .into_iter()
             .filter(|&(_, ttl)| ttl != -2 && ttl <= 0)
             .collect()
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        let pattern = format!("{}:*", self.namespace);
-        self.rt
-            .block_on(support::delete_keys(&mut self.conn, &pattern));
     }
 }
 

@@ -4,6 +4,7 @@
 //! starts it.
 
 pub mod http;
+pub mod model;
 pub mod private;
 pub mod process;
 
