@@ -305,7 +305,12 @@ pub async fn ready_count(channel: &Channel, queue: &str) -> Result<u32, BrokerEr
 
 /// The delay tier for a message that must wait until `until`, seen at `now`.
 pub fn delay_tier(now: DateTime<Utc>, until: DateTime<Utc>) -> i64 {
-    let wait = (until - now).num_milliseconds();
+    delay_tier_for((until - now).num_milliseconds())
+}
+
+/// The delay tier for a message that must wait `wait` ms: the longest that does not overshoot
+/// it, or the shortest.
+pub fn delay_tier_for(wait: i64) -> i64 {
     DELAY_TIERS_MS
         .iter()
         .rev()

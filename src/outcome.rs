@@ -38,6 +38,11 @@ impl OutcomeName {
         OutcomeName::Invalid,
     ];
 
+    /// The outcome's place in [`OutcomeName::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The name as printed and used as a metric label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -133,6 +138,13 @@ pub fn after_failure(refused_in_a_row: u32) -> Next {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_outcome_is_at_its_index_in_all() {
+        for (i, name) in OutcomeName::ALL.into_iter().enumerate() {
+            assert_eq!(name.index(), i, "{name:?}");
+        }
+    }
 
     #[test]
     fn names_serialize_as_their_labels() {

@@ -267,9 +267,7 @@ impl Pipeline {
             ),
             (broker::QUARANTINE_LAST_ERROR_HEADER, poison.reason.clone()),
         ];
-        if let Some(denial) = broker::header(properties, broker::REPLAY_OF_HEADER) {
-            headers.push((broker::REPLAY_OF_HEADER, denial));
-        }
+        headers.extend(replay_header(properties));
         let props = broker::json_properties(id, &headers);
         publisher
             .publish("", &self.names.quarantine, body, props)
@@ -299,16 +297,9 @@ impl Pipeline {
         wait: std::time::Duration,
     ) -> Result<(), HandleError> {
         let id = properties.message_id().as_ref().map(|s| s.as_str());
-        let mut headers = Vec::new();
-        if let Some(denial) = broker::header(properties, broker::REPLAY_OF_HEADER) {
-            headers.push((broker::REPLAY_OF_HEADER, denial));
-        }
-        let now = self.clock.now();
-        let until = chrono::Duration::from_std(wait)
-            .ok()
-            .and_then(|w| now.checked_add_signed(w))
-            .unwrap_or(now);
-        let queue = self.names.delay_queue(broker::delay_tier(now, until));
+        let headers: Vec<_> = replay_header(properties).into_iter().collect();
+        let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+        let queue = self.names.delay_queue(broker::delay_tier_for(wait_ms));
         publisher
             .publish("", &queue, body, broker::json_properties(id, &headers))
             .await?;
@@ -383,4 +374,10 @@ impl Decoded<'_> {
             .publish(exchange, queue, self.body, props)
             .await
     }
+}
+
+/// The header that says which denial a delivery replays, carried over when the delivery is
+/// republished from its properties (a quarantine, a yielded slot).
+fn replay_header(properties: &BasicProperties) -> Option<(&'static str, String)> {
+    broker::header(properties, broker::REPLAY_OF_HEADER).map(|d| (broker::REPLAY_OF_HEADER, d))
 }

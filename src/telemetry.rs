@@ -107,9 +107,7 @@ impl MessageMetrics {
 
     /// Counts one message decided with `outcome`.
     pub fn outcome(&self, outcome: OutcomeName) {
-        if let Some(i) = OutcomeName::ALL.iter().position(|o| *o == outcome) {
-            self.outcomes[i].increment(1);
-        }
+        self.outcomes[outcome.index()].increment(1);
     }
 
     /// Counts one verdict of `rule`.

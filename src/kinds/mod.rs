@@ -57,18 +57,16 @@ pub enum Kind {
     QuietHours(QuietHours),
 }
 
-/// Every kind name the configuration accepts, for error messages.
-pub const KIND_NAMES: &[&str] = &[
-    "calendar_quota",
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
-    "leaky_bucket",
-    "token_bucket",
-    "gcra",
-    "zset_window",
-    "quiet_hours",
-];
+/// Every kind name the configuration accepts, for error messages: the names of [`SOURCES`].
+pub const KIND_NAMES: [&str; SOURCES.len()] = {
+    let mut names = [""; SOURCES.len()];
+    let mut i = 0;
+    while i < SOURCES.len() {
+        names[i] = SOURCES[i].0;
+        i += 1;
+    }
+    names
+};
 
 /// Every kind's script, by the name its rules carry, in the order scripts compose them.
 pub const SOURCES: [(&str, &str); 9] = [
