@@ -303,6 +303,12 @@ pub async fn ready_count(channel: &Channel, queue: &str) -> Result<u32, BrokerEr
     Ok(declared.message_count())
 }
 
+/// The header that says which denial a delivery replays, to carry over when the delivery is
+/// republished from its properties (a quarantine, its replay, a yielded slot).
+pub fn replay_header(properties: &BasicProperties) -> Option<(&'static str, String)> {
+    header(properties, REPLAY_OF_HEADER).map(|d| (REPLAY_OF_HEADER, d))
+}
+
 /// The delay tier for a message that must wait until `until`, seen at `now`.
 pub fn delay_tier(now: DateTime<Utc>, until: DateTime<Utc>) -> i64 {
     delay_tier_for((until - now).num_milliseconds())

@@ -61,6 +61,8 @@ pub fn frozen_until(verdicts: &[Verdict]) -> Option<DateTime<Utc>> {
 const MAX_ENTRIES: usize = 10_000;
 
 struct Entry {
+    /// The zone of the messages the verdicts are for: zones count days differently.
+    zone: Tz,
     until: DateTime<Utc>,
     admitted: HashSet<String>,
     /// The names of the rules the verdicts are of: the rules that matched the message.
@@ -68,22 +70,24 @@ struct Entry {
     verdicts: Vec<Verdict>,
 }
 
-/// Whether `rules` are the rules `entry` was filled for.
-fn same_rules(entry: &Entry, rules: &[&Rule]) -> bool {
-    entry
-        .rules
-        .iter()
-        .map(String::as_str)
-        .eq(rules.iter().map(|r| r.name.as_str()))
+/// Whether `entry` was filled for messages in `zone` matching `rules`.
+fn same_question(entry: &Entry, zone: Tz, rules: &[&Rule]) -> bool {
+    entry.zone == zone
+        && entry
+            .rules
+            .iter()
+            .map(String::as_str)
+            .eq(rules.iter().map(|r| r.name.as_str()))
 }
 
 /// The cache shared by all in-flight messages of one worker.
 #[derive(Default)]
 pub struct DenyCache {
     // A std Mutex: held only for map operations, never across an await.
-    /// Per recipient and zone, one entry per set of matching rules (one for a policy without
-    /// match filters).
-    entries: Mutex<HashMap<(String, Tz), Vec<Entry>>>,
+    /// Per recipient, one entry per zone and set of matching rules (one set for a policy
+    /// without match filters). Keyed by the recipient alone, so a lookup borrows its name and
+    /// an invalidation removes one key.
+    entries: Mutex<HashMap<String, Vec<Entry>>>,
     generation: AtomicU64,
     enabled: AtomicBool,
     hits: AtomicU64,
@@ -143,9 +147,9 @@ impl DenyCache {
         }
         let entries = self.entries.lock().ok()?;
         let entry = entries
-            .get(&(message.recipient.clone(), zone))?
+            .get(message.recipient.as_str())?
             .iter()
-            .find(|e| same_rules(e, rules))?;
+            .find(|e| same_question(e, zone, rules))?;
         if now >= entry.until || entry.admitted.contains(&message.id) {
             return None;
         }
@@ -186,15 +190,14 @@ impl DenyCache {
             }
         }
         let entry = Entry {
+            zone,
             until,
             admitted,
             rules: rules.iter().map(|r| r.name.clone()).collect(),
             verdicts,
         };
-        let kept = entries
-            .entry((message.recipient.clone(), zone))
-            .or_default();
-        match kept.iter_mut().find(|e| same_rules(e, rules)) {
+        let kept = entries.entry(message.recipient.clone()).or_default();
+        match kept.iter_mut().find(|e| same_question(e, zone, rules)) {
             Some(old) => *old = entry,
             None => kept.push(entry),
         }
@@ -204,7 +207,7 @@ impl DenyCache {
     pub fn invalidate(&self, recipient: &str) {
         if let Ok(mut entries) = self.entries.lock() {
             self.generation.fetch_add(1, Ordering::SeqCst);
-            entries.retain(|(r, _), _| r != recipient);
+            entries.remove(recipient);
         }
     }
 

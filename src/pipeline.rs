@@ -141,8 +141,7 @@ impl Pipeline {
         self.metrics.outcome(outcome.name());
         match outcome {
             Outcome::Allow { shadow_refusals } => {
-                self.dispatch(&decoded, claim, shadow_refusals, evaluation.committed)
-                    .await
+                self.dispatch(&decoded, claim, shadow_refusals).await
             }
             Outcome::Deny { rule, retry_after } => {
                 self.record(&message, &rule, false, retry_after, now, replay_of)
@@ -189,7 +188,6 @@ impl Pipeline {
         decoded: &Decoded<'_>,
         claim: &Claim,
         shadow_refusals: Vec<Verdict>,
-        committed: bool,
     ) -> Result<Handled, HandleError> {
         let message = decoded.message;
         let _alive = claim.keep_alive(&self.limiter, message);
@@ -204,7 +202,8 @@ impl Pipeline {
             )
             .await?;
         }
-        if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit) && committed {
+        // An allowed outcome of a committing decision: the limiter has committed it.
+        if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit) {
             tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
             std::future::pending::<()>().await;
         }
@@ -267,7 +266,7 @@ impl Pipeline {
             ),
             (broker::QUARANTINE_LAST_ERROR_HEADER, poison.reason.clone()),
         ];
-        headers.extend(replay_header(properties));
+        headers.extend(broker::replay_header(properties));
         let props = broker::json_properties(id, &headers);
         publisher
             .publish("", &self.names.quarantine, body, props)
@@ -297,7 +296,7 @@ impl Pipeline {
         wait: std::time::Duration,
     ) -> Result<(), HandleError> {
         let id = properties.message_id().as_ref().map(|s| s.as_str());
-        let headers: Vec<_> = replay_header(properties).into_iter().collect();
+        let headers: Vec<_> = broker::replay_header(properties).into_iter().collect();
         let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let queue = self.names.delay_queue(broker::delay_tier_for(wait_ms));
         publisher
@@ -374,10 +373,4 @@ impl Decoded<'_> {
             .publish(exchange, queue, self.body, props)
             .await
     }
-}
-
-/// The header that says which denial a delivery replays, carried over when the delivery is
-/// republished from its properties (a quarantine, a yielded slot).
-fn replay_header(properties: &BasicProperties) -> Option<(&'static str, String)> {
-    broker::header(properties, broker::REPLAY_OF_HEADER).map(|d| (broker::REPLAY_OF_HEADER, d))
 }

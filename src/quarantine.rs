@@ -98,10 +98,7 @@ pub async fn replay(
         let Some((tag, quarantined, properties)) = next(channel, names).await? else {
             break;
         };
-        let mut headers = Vec::new();
-        if let Some(denial) = broker::header(&properties, broker::REPLAY_OF_HEADER) {
-            headers.push((broker::REPLAY_OF_HEADER, denial));
-        }
+        let headers: Vec<_> = broker::replay_header(&properties).into_iter().collect();
         let props = broker::json_properties(quarantined.message_id.as_deref(), &headers);
         publisher
             .publish(&names.requests, "", quarantined.body.as_bytes(), props)

@@ -453,11 +453,9 @@ impl Limiter {
         // One round trip: each rule's entries, then the recipient's dispatch marks. A
         // redelivery of a dispatched message is a duplicate, not a denial, even once its entry
         // has left the quota's window (marks outlive it): never answered from the cache.
+        // Every rule is a calendar quota (`DenyCache::eligible`), whose key holds its ids.
         let mut read = redis::pipe();
         for rule in rules {
-            if !matches!(rule.kind, Kind::CalendarQuota(_)) {
-                return Ok(());
-            }
             read.zrange(
                 keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name()),
                 0,
