@@ -21,7 +21,7 @@ use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Failure, Handled, OutcomeName};
+use crate::outcome::{Failure, Handled};
 use crate::policy::Policy;
 use crate::telemetry;
 
@@ -120,7 +120,6 @@ impl Pipeline {
             .decision_seconds
             .record(started.elapsed().as_secs_f64());
         if evaluation.dispatched {
-            self.metrics.outcome(OutcomeName::Duplicate);
             return Ok(Handled::Duplicate);
         }
         let decoded = Decoded {
@@ -138,7 +137,6 @@ impl Pipeline {
         }
         let outcome = decision::decide(&evaluation.verdicts)
             .postponed(|t| Limiter::admissible_after(&self.policy, &message, t));
-        self.metrics.outcome(outcome.name());
         match outcome {
             Outcome::Allow { shadow_refusals } => {
                 self.dispatch(&decoded, claim, shadow_refusals).await
@@ -167,7 +165,6 @@ impl Pipeline {
             .publish("", &self.names.invalid, body, props)
             .await?;
         metrics::counter!(telemetry::INVALID).increment(1);
-        self.metrics.outcome(OutcomeName::Invalid);
         Ok(Handled::Invalid { reason })
     }
 
@@ -176,7 +173,6 @@ impl Pipeline {
     async fn wait_in_flight(&self, decoded: &Decoded<'_>) -> Result<Handled, HandleError> {
         let queue = self.names.delay_queue(broker::DELAY_TIERS_MS[0]);
         decoded.publish("", &queue, &[]).await?;
-        self.metrics.outcome(OutcomeName::InFlight);
         Ok(Handled::InFlight)
     }
 

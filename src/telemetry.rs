@@ -11,7 +11,8 @@ use tracing_subscriber::EnvFilter;
 
 use crate::outcome::OutcomeName;
 
-/// Counter: messages decided, by `outcome` (allow, deny, delay, shadow, duplicate, invalid).
+/// Counter: messages handled, by `outcome` (the labels of `OutcomeName`), counted once each
+/// outcome is durable: a retried attempt is not counted again.
 pub const DECISIONS: &str = "sendquota_decisions_total";
 /// Counter: rule verdicts, by `rule` and `verdict` (allow, deny).
 pub const RULE_VERDICTS: &str = "sendquota_rule_verdicts_total";

@@ -298,6 +298,8 @@ impl Task {
             .await;
             match handled {
                 Ok(handled) => {
+                    // Counted once the outcome is durable, not per attempt.
+                    self.pipeline.metrics.outcome(handled.name());
                     log_handled(&delivery, &handled);
                     self.settler.ack(delivery.delivery_tag);
                     return;
