@@ -17,11 +17,11 @@
 //! documented crash window (a crash between the broker's confirm and the mark). A refused or
 //! delayed message holds no claim.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
-use tokio::task::JoinHandle;
 
 use crate::limiter::script::Mode;
 use crate::limiter::Limiter;
@@ -63,29 +63,47 @@ impl Claim {
         self.lease_ms
     }
 
-    /// Keeps this claim on `message` alive, renewing it every third of the lease, until the
-    /// returned guard is dropped.
-    pub fn keep_alive(&self, limiter: &Limiter, message: &SendRequest) -> KeepAlive {
-        let (claim, limiter, message) = (self.clone(), limiter.clone(), message.clone());
+    /// Runs `work` while keeping this claim on `message` alive, renewing it every third of the
+    /// lease. The renewals run in the caller's task, between polls of `work`: a dispatch
+    /// normally ends long before the first one, so it costs no task and no copy of the message.
+    pub async fn held_while<T>(
+        &self,
+        limiter: &Limiter,
+        message: &SendRequest,
+        work: impl Future<Output = T>,
+    ) -> T {
         let every = Duration::from_millis((self.lease_ms / 3).max(1) as u64);
-        KeepAlive(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                match limiter
-                    .claim_op(&message, Utc::now(), &claim, Mode::Renew)
-                    .await
-                {
-                    Ok(reply) if reply.first() == Some(&0) => {
-                        tracing::warn!(message_id = %message.id,
-                            "in-flight claim lost (held past its lease); a copy may be decided");
-                        return;
-                    }
-                    Ok(_) => {}
-                    // Redis away: the next renewal tries again, inside the lease.
-                    Err(e) => tracing::debug!(error = %e, "in-flight claim not renewed"),
+        let mut work = std::pin::pin!(work);
+        let mut renewing = true;
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = tokio::time::sleep(every), if renewing => {
+                    renewing = self.renew(limiter, message).await;
                 }
             }
-        }))
+        }
+    }
+
+    /// Extends this claim by a lease; false once it is lost (held past its lease and taken by
+    /// another delivery), when renewing is pointless.
+    async fn renew(&self, limiter: &Limiter, message: &SendRequest) -> bool {
+        match limiter
+            .claim_op(message, Utc::now(), self, Mode::Renew)
+            .await
+        {
+            Ok(reply) if reply.first() == Some(&0) => {
+                tracing::warn!(message_id = %message.id,
+                    "in-flight claim lost (held past its lease); a copy may be decided");
+                false
+            }
+            Ok(_) => true,
+            // Redis away: the next renewal tries again, inside the lease.
+            Err(e) => {
+                tracing::debug!(error = %e, "in-flight claim not renewed");
+                true
+            }
+        }
     }
 
     /// Drops this claim on `message`, for a delivery given up without a dispatch; errors are
@@ -97,14 +115,5 @@ impl Claim {
         {
             tracing::debug!(error = %e, "in-flight claim not released; it expires with its lease");
         }
-    }
-}
-
-/// Renews a claim while alive; stops when dropped.
-pub struct KeepAlive(JoinHandle<()>);
-
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -186,33 +186,36 @@ impl Pipeline {
         shadow_refusals: Vec<Verdict>,
     ) -> Result<Handled, HandleError> {
         let message = decoded.message;
-        let _alive = claim.keep_alive(&self.limiter, message);
-        for verdict in &shadow_refusals {
-            self.record(
-                message,
-                verdict,
-                true,
-                verdict.retry_after,
-                decoded.now,
-                decoded.replay_of,
-            )
-            .await?;
-        }
-        // An allowed outcome of a committing decision: the limiter has committed it.
-        if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit) {
-            tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
-            std::future::pending::<()>().await;
-        }
-        let props = broker::json_properties(Some(&message.id), &[]);
-        let started = Instant::now();
-        decoded
-            .publisher
-            .publish(&self.names.dispatch, &message.channel, decoded.body, props)
-            .await?;
-        self.metrics
-            .dispatch_seconds
-            .record(started.elapsed().as_secs_f64());
-        self.marks.mark_dispatched(message, decoded.now).await?;
+        let work = async {
+            for verdict in &shadow_refusals {
+                self.record(
+                    message,
+                    verdict,
+                    true,
+                    verdict.retry_after,
+                    decoded.now,
+                    decoded.replay_of,
+                )
+                .await?;
+            }
+            // An allowed outcome of a committing decision: the limiter has committed it.
+            if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit) {
+                tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
+                std::future::pending::<()>().await;
+            }
+            let props = broker::json_properties(Some(&message.id), &[]);
+            let started = Instant::now();
+            decoded
+                .publisher
+                .publish(&self.names.dispatch, &message.channel, decoded.body, props)
+                .await?;
+            self.metrics
+                .dispatch_seconds
+                .record(started.elapsed().as_secs_f64());
+            self.marks.mark_dispatched(message, decoded.now).await?;
+            Ok::<_, HandleError>(())
+        };
+        claim.held_while(&self.limiter, message, work).await?;
         Ok(Handled::Dispatched {
             shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
         })

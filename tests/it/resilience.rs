@@ -14,6 +14,8 @@ use sendquota::clock::ManualClock;
 use sendquota::config::QueueType;
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::broker::{self, Publisher};
+use sendquota::internals::limiter::keys::{claims_key, scope_tag};
+use sendquota::internals::policy::ScopeValue;
 use support::http::http;
 use support::private::{free_port, PrivateRabbit};
 use support::{local, request, TestEnv};
@@ -181,6 +183,9 @@ async fn a_memory_alarm_pauses_the_worker_until_it_clears_and_nothing_is_sent_tw
     env.settings.amqp.queue_type = QueueType::Quorum;
     let port = free_port();
     env.settings.admin.listen = format!("127.0.0.1:{port}");
+    // A lease far shorter than the block: the claims of the messages waiting on it must be
+    // renewed, or copies of them could be decided meanwhile.
+    env.settings.worker.claim_lease_ms = 1_000;
 
     // Topology, a sink for dispatched messages and the requests, all before the alarm.
     let conn = broker::connect(&env.settings.amqp, "alarm-producer")
@@ -244,6 +249,11 @@ async fn a_memory_alarm_pauses_the_worker_until_it_clears_and_nothing_is_sent_tw
         503,
         "still not ready while blocked"
     );
+    let held = live_claims(&env, MESSAGES).await;
+    assert!(
+        held > 0,
+        "the messages waiting on the block still hold their claims, renewed past many leases"
+    );
 
     rabbit.ctl(&["set_vm_memory_high_watermark", "0.4"]);
     let mut dispatched = Vec::new();
@@ -267,6 +277,30 @@ async fn a_memory_alarm_pauses_the_worker_until_it_clears_and_nothing_is_sent_tw
     assert_eq!(unique.len(), MESSAGES, "every message dispatched");
     assert_eq!(dispatched, unique, "no message dispatched twice");
     env.stop_worker().await;
+}
+
+/// How many of messages `a0`.. (recipient `u<i>`) hold an in-flight claim that has not
+/// expired by Redis's clock.
+async fn live_claims(env: &TestEnv, messages: usize) -> usize {
+    let mut conn = env.redis.clone();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("redis time");
+    let now_ms = secs * 1000 + micros / 1000;
+    let mut live = 0;
+    for i in 0..messages {
+        let tag = scope_tag(&ScopeValue::Recipient(&format!("u{i}")));
+        let held: Option<String> = redis::cmd("HGET")
+            .arg(claims_key(&env.namespace, &tag))
+            .arg(format!("a{i}"))
+            .query_async(&mut conn)
+            .await
+            .expect("hget");
+        let expires = held.and_then(|h| h.split(' ').nth(1)?.parse::<i64>().ok());
+        live += usize::from(expires.is_some_and(|e| e > now_ms));
+    }
+    live
 }
 
 async fn lapin_connect_to(url: &str) -> lapin::Connection {
