@@ -289,7 +289,8 @@ pub async fn declare(
     Ok(())
 }
 
-/// Messages ready in `queue` (a passive declare), for the consumer watchdog.
+/// Messages ready in `queue` (a passive declare): for the consumer watchdog, and what a
+/// quarantine replay takes at most.
 pub async fn ready_count(channel: &Channel, queue: &str) -> Result<u32, BrokerError> {
     let passive = QueueDeclareOptions {
         passive: true,

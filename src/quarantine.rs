@@ -6,6 +6,11 @@
 //! `quarantine_replays`, and only then acks it off the quarantine queue: a crash in between
 //! publishes it once more, which the message's id makes harmless (its claim, quota and
 //! dispatch mark recognise it).
+//!
+//! A replay takes only what the queue held when it started, each message at most once: with
+//! the cause not fixed, the worker quarantines the replayed messages again, at the queue's
+//! tail, and a run that went on until the queue was empty would replay its own replays until
+//! its limit.
 
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::Channel;
@@ -85,7 +90,9 @@ pub async fn list(
 }
 
 /// Publishes up to `limit` quarantined messages back to the requests exchange, each recorded
-/// in `quarantine_replays` and then acked off the quarantine queue; returns how many.
+/// in `quarantine_replays` and then acked off the quarantine queue; returns how many. Only the
+/// messages in the queue when it starts are taken, each once (see the module's comment); a
+/// message met a second time is left in the queue.
 pub async fn replay(
     channel: &Channel,
     publisher: &Publisher,
@@ -93,11 +100,18 @@ pub async fn replay(
     store: &DenialStore,
     limit: usize,
 ) -> Result<usize, QuarantineError> {
+    let held = broker::ready_count(channel, &names.quarantine).await? as usize;
+    let mut taken = std::collections::HashSet::new();
     let mut replayed = 0;
-    while replayed < limit {
+    while replayed < limit.min(held) {
         let Some((tag, quarantined, properties)) = next(channel, names).await? else {
             break;
         };
+        // Unacked, it returns to the queue when the caller closes the channel.
+        let first_time = taken.insert((quarantined.message_id.clone(), quarantined.body.clone()));
+        if !first_time {
+            break;
+        }
         let headers: Vec<_> = broker::replay_header(&properties).into_iter().collect();
         let props = broker::json_properties(quarantined.message_id.as_deref(), &headers);
         publisher

@@ -10,6 +10,7 @@ use lapin::options::QueueBindOptions;
 use lapin::types::FieldTable;
 use sendquota::clock::ManualClock;
 use sendquota::failpoint::Failpoint;
+use sendquota::internals::broker;
 use support::{local, request, TestEnv};
 
 #[tokio::test]
@@ -127,18 +128,14 @@ async fn a_denial_postgres_refuses_for_its_data_is_quarantined_and_its_batch_is_
     assert_eq!(quarantined.len(), 1);
     let q = &quarantined[0].delivery;
     assert_eq!(q.data, poison, "the body as it was published");
-    let header =
-        |name| sendquota::internals::broker::header(&q.properties, name).unwrap_or_default();
-    let reason = header(sendquota::internals::broker::QUARANTINE_REASON_HEADER);
+    let header = |name| broker::header(&q.properties, name).unwrap_or_default();
+    let reason = header(broker::QUARANTINE_REASON_HEADER);
     assert!(
         reason.contains("SQLSTATE 22003"),
         "the reason names Postgres's refusal: {reason}"
     );
-    assert_eq!(
-        header(sendquota::internals::broker::QUARANTINE_ATTEMPTS_HEADER),
-        "3"
-    );
-    assert!(!header(sendquota::internals::broker::QUARANTINE_FIRST_ERROR_HEADER).is_empty());
+    assert_eq!(header(broker::QUARANTINE_ATTEMPTS_HEADER), "3");
+    assert!(!header(broker::QUARANTINE_FIRST_ERROR_HEADER).is_empty());
     for i in 0..OTHERS {
         assert!(
             !env.outcome(&format!("second-{i}"), &mut seen).await,
@@ -175,22 +172,13 @@ async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() 
     assert!(env.outcome("p1", &mut seen).await);
     env.publish(&request("p2", "picky", "UTC")).await;
 
-    let config = std::env::temp_dir().join(format!("{}.toml", env.namespace));
-    std::fs::write(&config, "[amqp]\nqueue_type = \"classic\"\n").expect("config");
-    let cli = |args: &[&str]| {
-        let mut cmd = support::process::sendquota();
-        cmd.env("SENDQUOTA_NAMESPACE", &env.namespace)
-            .env("SENDQUOTA_REDIS_URL", support::redis_url())
-            .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-            .env("SENDQUOTA_DATABASE_URL", &env.database_url)
-            .args(["--config", config.to_str().expect("utf-8")])
-            .args(args);
-        cmd
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let listed = loop {
-        let run =
-            support::process::run_for(cli(&["quarantine", "list"]), None, Duration::from_secs(30));
+        let run = support::process::run_for(
+            env.cli(&["quarantine", "list"]),
+            None,
+            Duration::from_secs(30),
+        );
         assert_eq!(run.code, Some(0), "{run:?}");
         if !run.stdout.is_empty() {
             break run.stdout;
@@ -206,8 +194,11 @@ async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() 
             .is_some_and(|r| r.contains("picky refuses")),
         "{entry}"
     );
-    let again =
-        support::process::run_for(cli(&["quarantine", "list"]), None, Duration::from_secs(30));
+    let again = support::process::run_for(
+        env.cli(&["quarantine", "list"]),
+        None,
+        Duration::from_secs(30),
+    );
     assert_eq!(
         again.stdout, listed,
         "listing leaves the message in quarantine"
@@ -217,16 +208,7 @@ async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() 
         .execute(&env.pool)
         .await
         .expect("fix the cause");
-    let run = support::process::run_for(
-        cli(&["quarantine", "replay"]),
-        None,
-        Duration::from_secs(30),
-    );
-    assert_eq!(run.code, Some(0), "{run:?}");
-    assert!(
-        run.stdout.contains("replayed 1 quarantined messages"),
-        "{run:?}"
-    );
+    quarantine_replay(&env, 1);
     assert!(
         !env.outcome("p2", &mut seen).await,
         "p2 decided again: denied, its row written"
@@ -241,7 +223,58 @@ async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() 
     assert_eq!(audited.0.as_deref(), Some("p2"));
     assert!(audited.1.contains("picky refuses"));
     assert!(env.drain(&env.names.quarantine).await.is_empty());
-    let _ = std::fs::remove_file(&config);
+}
+
+/// `quarantine replay` takes what the queue held when it started, each message once. Here the
+/// quarantine queue is also bound to the requests exchange, so every replay lands back in
+/// quarantine at once, as it does when the cause is not fixed and the worker quarantines it
+/// again: a run that went on until the queue was empty replayed its own replays up to its
+/// limit (1,000 replays and audit rows for a few messages).
+#[tokio::test]
+async fn a_quarantine_replay_takes_each_message_the_queue_held_at_its_start_once() {
+    const HELD: usize = 7;
+    let env = TestEnv::new().await;
+    for i in 0..HELD {
+        let id = format!("q{i}");
+        let body = request(&id, "picky", "UTC").to_string();
+        let headers = [(broker::QUARANTINE_REASON_HEADER, "picky refuses".to_owned())];
+        env.publisher
+            .publish(
+                "",
+                &env.names.quarantine,
+                body.as_bytes(),
+                broker::json_properties(Some(&id), &headers),
+            )
+            .await
+            .expect("quarantine a message");
+    }
+    env.channel
+        .queue_bind(
+            env.names.quarantine.as_str().into(),
+            env.names.requests.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind the quarantine queue to the requests exchange");
+
+    quarantine_replay(&env, HELD);
+    let (rows, ids): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT message_id) FROM quarantine_replays")
+            .fetch_one(&env.pool)
+            .await
+            .expect("the audit rows");
+    assert_eq!(
+        (rows, ids),
+        (HELD as i64, HELD as i64),
+        "one audit row per message"
+    );
+    assert_eq!(
+        env.ready(&env.names.quarantine).await,
+        HELD as u32,
+        "each replayed once, back in quarantine"
+    );
 }
 
 /// Messages that keep failing while others go through (here every attempt at a `stuck-` id
@@ -289,4 +322,20 @@ async fn messages_that_keep_failing_yield_their_slots_to_the_others() {
     let twice: Vec<_> = seen.iter().filter(|(_, &n)| n != 1).collect();
     assert!(twice.is_empty(), "dispatched more than once: {twice:?}");
     assert_eq!(seen.len(), STUCK + GOOD);
+}
+
+/// Runs `sendquota quarantine replay` for `env`, which must say it replayed `expected`
+/// messages.
+fn quarantine_replay(env: &TestEnv, expected: usize) {
+    let run = support::process::run_for(
+        env.cli(&["quarantine", "replay"]),
+        None,
+        Duration::from_secs(30),
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .contains(&format!("replayed {expected} quarantined messages")),
+        "{run:?}"
+    );
 }

@@ -308,6 +308,23 @@ impl TestEnv {
         cmd
     }
 
+    /// A `sendquota` command line (`args`) for this environment, as an operator runs one: its
+    /// services and namespace, and a configuration file naming the queue type its queues were
+    /// declared with (a declaration of another type would be refused). The file is removed with
+    /// the environment.
+    pub fn cli(&self, args: &[&str]) -> std::process::Command {
+        let queue_type = match self.settings.amqp.queue_type {
+            sendquota::config::QueueType::Classic => "classic",
+            sendquota::config::QueueType::Quorum => "quorum",
+        };
+        let config = cli_config_path(&self.namespace);
+        std::fs::write(&config, format!("[amqp]\nqueue_type = \"{queue_type}\"\n"))
+            .expect("write the command's configuration");
+        let mut cmd = self.worker_command();
+        cmd.arg("--config").arg(&config).args(args);
+        cmd
+    }
+
     /// Publishes a raw body to the requests exchange, as a producer would.
     pub async fn publish_raw(&self, body: &[u8]) {
         self.publisher
@@ -469,8 +486,14 @@ impl Drop for TestEnv {
     }
 }
 
+/// Where [`TestEnv::cli`] writes the configuration of `namespace`'s commands.
+fn cli_config_path(namespace: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{namespace}.toml"))
+}
+
 impl Drop for Cleanup {
     fn drop(&mut self) {
+        let _ = std::fs::remove_file(cli_config_path(&self.namespace));
         let namespace = self.namespace.clone();
         let database = self.database.clone();
         let names = Names::new(&namespace);
