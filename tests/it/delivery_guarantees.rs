@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use sendquota::clock::ManualClock;
 use sendquota::failpoint::Failpoint;
+use sendquota::internals::claim::Claim;
+use sendquota::internals::message::SendRequest;
 use support::http::{http, wait_until_ready};
 use support::private::free_port;
 use support::{local, request, TestEnv};
@@ -351,4 +353,66 @@ async fn a_burst_of_finished_deliveries_is_settled_with_a_few_multiple_acks() {
         multiple <= (n / 20) as u64,
         "{multiple} multiple and {single} single acks for {n} messages"
     );
+}
+
+/// Two deliveries of one message id (two claim tokens) decided one after the other while the
+/// first is still in flight: the second is told the id is in flight, decides nothing and takes
+/// no quota; once the first gives its claim back, the second is decided and admitted as the
+/// same message, consuming nothing more. With the headline rule (the claim is taken in the
+/// decision's own call) and with a global rule only (in a call of its own first), on the
+/// single server and the cluster. Unlike the two-worker test, no timing is involved.
+#[test]
+fn a_second_delivery_of_an_id_in_flight_is_told_so_and_decides_nothing() {
+    let policies = [
+        ("headline", ""),
+        (
+            "global only",
+            "[[rules]]\nname = \"g\"\nkind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\nscope = \"global\"\n",
+        ),
+    ];
+    for (target, redis) in support::redis_targets() {
+        for (name, toml) in policies {
+            let h = support::model::LimiterHarness::on("sqtclaim", &redis);
+            let policy = sendquota::config::Settings::from_toml(toml, |_| None)
+                .expect("valid")
+                .policy;
+            let now = local("UTC", "2026-02-02 09:00");
+            let message = |id: &str| {
+                SendRequest::decode(request(id, "alice", "UTC").to_string().as_bytes(), 1 << 16)
+                    .expect("valid")
+            };
+            let (first, second) = (Claim::new(30_000), Claim::new(30_000));
+            let m = message("m1");
+            let taken = h.evaluate_claimed(&policy, &m, now, &first);
+            assert!(
+                taken.committed,
+                "{target}, {name}: the first delivery admitted"
+            );
+            let copy = h.evaluate_claimed(&policy, &m, now, &second);
+            assert!(
+                copy.in_flight.is_some_and(|ms| ms > 0 && ms <= 30_000),
+                "{target}, {name}: the copy is told the id is in flight: {copy:?}"
+            );
+            assert!(
+                !copy.committed && copy.verdicts.is_empty(),
+                "{target}, {name}: {copy:?}"
+            );
+            h.rt.block_on(first.release(&h.limiter, &m));
+            let after = h.evaluate_claimed(&policy, &m, now, &second);
+            assert!(
+                after.committed,
+                "{target}, {name}: decided once released: {after:?}"
+            );
+            // The copies consumed one send between them: the headline rule admits nothing more
+            // today, and the global rule's five an hour would have three left after another.
+            let room = h.evaluate(&policy, &message("m2"), now, false);
+            let remaining: Vec<_> = room.verdicts.iter().map(|v| v.remaining).collect();
+            let expected = if toml.is_empty() {
+                vec![Some(0)]
+            } else {
+                vec![Some(3)]
+            };
+            assert_eq!(remaining, expected, "{target}, {name}: {room:?}");
+        }
+    }
 }

@@ -264,31 +264,57 @@ fn policies_with_other_kinds_or_scopes_are_not_cached() {
     assert!(DenyCache::eligible(&policy("").rules_for(&m)));
 }
 
+/// A worker's cache holds a recipient whose window is full; a reset made by another process
+/// (here the test's own limiter, as `DELETE /v1/recipients/{id}/quota` on another worker does)
+/// reaches it through pub/sub, and the worker admits the recipient's next message at once.
+/// The window is filled on three days: a refusal only because today is full is never cached,
+/// so the cache would stay empty and the test could not tell a heard reset from none.
 #[tokio::test]
 async fn a_reset_through_the_admin_path_reaches_the_workers_cache() {
     let mut env = TestEnv::new().await;
+    let port = support::private::free_port();
+    env.settings.admin.listen = format!("127.0.0.1:{port}");
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
+    support::http::wait_until_listening(port).await;
     let mut seen = HashMap::new();
-    env.publish(&request("m1", "alice", "UTC")).await;
-    assert!(env.outcome("m1", &mut seen).await);
-    for i in 2..5 {
-        // Denied: the first from Redis, the next ones from the worker's cache.
-        env.publish(&request(&format!("m{i}"), "alice", "UTC"))
+    for day in 1..=3 {
+        clock.set(local("UTC", &format!("2026-04-0{day} 09:00")));
+        env.publish(&request(&format!("day{day}"), "alice", "UTC"))
             .await;
-        assert!(!env.outcome(&format!("m{i}"), &mut seen).await);
+        assert!(env.outcome(&format!("day{day}"), &mut seen).await);
     }
-    // Another process resets alice; the worker hears of it through pub/sub.
+    for i in 1..=3 {
+        // Denied: the window is full; the first from Redis, the next ones from the cache.
+        env.publish(&request(&format!("more{i}"), "alice", "UTC"))
+            .await;
+        assert!(!env.outcome(&format!("more{i}"), &mut seen).await);
+    }
+    let hits = deny_cache_hits(port).await;
+    assert!(hits >= 2, "the worker answered from its cache: {hits} hits");
     let admin = Limiter::new(env.redis.clone(), &env.namespace);
     admin
         .reset(&env.settings.policy, "alice")
         .await
         .expect("reset");
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    env.publish(&request("m5", "alice", "UTC")).await;
+    env.publish(&request("after-reset", "alice", "UTC")).await;
     assert!(
-        env.outcome("m5", &mut seen).await,
+        env.outcome("after-reset", &mut seen).await,
         "allowed after the reset"
     );
+    assert_eq!(deny_cache_hits(port).await, hits, "decided in Redis");
     env.stop_worker().await;
+}
+
+/// The worker's `sendquota_deny_cache_hits_total`, from its admin API.
+async fn deny_cache_hits(port: u16) -> u64 {
+    let metrics = support::http::http(port, "GET", "/metrics", None, "")
+        .await
+        .body;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(sendquota::internals::telemetry::DENY_CACHE_HITS))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }

@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use sendquota::config::RedisSettings;
+use sendquota::internals::claim::Claim;
 use sendquota::internals::limiter::{Evaluation, Limiter};
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::Policy;
@@ -48,6 +49,20 @@ impl LimiterHarness {
         self.rt
             .block_on(self.limiter.evaluate(policy, message, now, commit))
             .unwrap_or_else(|e| panic!("evaluate: {e}; {}", super::START_HINT))
+    }
+
+    /// Decides and commits `message` under `policy` at `now` for the delivery holding `claim`,
+    /// as the worker does.
+    pub fn evaluate_claimed(
+        &self,
+        policy: &Policy,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        claim: &Claim,
+    ) -> Evaluation {
+        self.rt
+            .block_on(self.limiter.evaluate_claimed(policy, message, now, claim))
+            .unwrap_or_else(|e| panic!("evaluate_claimed: {e}; {}", super::START_HINT))
     }
 
     /// Runs `cmd` on the harness's connection.
