@@ -306,10 +306,7 @@ impl Settings {
                     path: path.to_owned(),
                     source,
                 })?;
-                toml::from_str::<File>(&text).map_err(|e| ConfigError::Parse {
-                    path: path.to_owned(),
-                    message: parse_message(&text, &e),
-                })?
+                toml::from_str::<File>(&text).map_err(|e| parse_error(path, &text, &e))?
             }
             None => File::default(),
         };
@@ -321,10 +318,8 @@ impl Settings {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Settings, ConfigError> {
-        let file = toml::from_str::<File>(text).map_err(|e| ConfigError::Parse {
-            path: PathBuf::from("<inline>"),
-            message: parse_message(text, &e),
-        })?;
+        let file = toml::from_str::<File>(text)
+            .map_err(|e| parse_error(Path::new("<inline>"), text, &e))?;
         Settings::from_file(file, env)
     }
 
@@ -342,7 +337,6 @@ impl Settings {
         let zone: Tz = zone_name
             .parse()
             .map_err(|_| ConfigError::UnknownTimeZone(one_line(&zone_name)))?;
-        check_worker(&file.worker, &file.amqp)?;
         check_urls(&file.redis, &file.amqp, &file.database)?;
         for (section, files) in [
             ("redis.tls", &file.redis.tls),
@@ -354,7 +348,7 @@ impl Settings {
             })?;
         }
         let policy = Policy::from_raw(zone, file.rules)?;
-        Ok(Settings {
+        let settings = Settings {
             namespace,
             redis: file.redis,
             amqp: file.amqp,
@@ -362,7 +356,9 @@ impl Settings {
             worker: file.worker,
             admin: file.admin,
             policy,
-        })
+        };
+        check_ranges(&settings)?;
+        Ok(settings)
     }
 }
 
@@ -406,31 +402,192 @@ fn apply_env(file: &mut File, env: &impl Fn(&str) -> Option<String>) {
     }
 }
 
-/// The worker's settings within the bounds the worker needs (a slot to decide in, leases and
-/// intervals long enough to be kept, a backoff that grows).
-fn check_worker(w: &WorkerSettings, amqp: &AmqpSettings) -> Result<(), ConfigError> {
-    let invalid = |message: &str| Err(ConfigError::Invalid(message.to_owned()));
-    if w.concurrency == 0 || amqp.prefetch == 0 {
-        return invalid("worker.concurrency and amqp.prefetch must be at least 1");
+/// One numeric setting and the range the worker can run with. The one list of them,
+/// [`NUMERIC_SETTINGS`], is what validation walks, what a refused value's message quotes, and
+/// what the tests walk, so a setting cannot be added without a range.
+#[derive(Debug)]
+pub struct NumericSetting {
+    /// The table the setting is in (`worker` for `[worker]`).
+    pub section: &'static str,
+    /// The key within the table.
+    pub key: &'static str,
+    /// Smallest value accepted.
+    pub min: u64,
+    /// Largest value accepted.
+    pub max: u64,
+    value: fn(&Settings) -> u64,
+}
+
+impl NumericSetting {
+    /// The one line that refuses `got` (a value as written, or a number) for this setting.
+    fn refusal(&self, got: &dyn std::fmt::Display) -> ConfigError {
+        ConfigError::Invalid(format!(
+            "[{}] {} must be between {} and {} (got {})",
+            self.section,
+            self.key,
+            self.min,
+            self.max,
+            one_line(&got.to_string())
+        ))
     }
-    if w.threads > MAX_THREADS {
+}
+
+/// Ten minutes: the longest timeout or interval accepted. Longer ones only hide a failure (a
+/// wait that long is a service that is down), and bounds keep every duration far from what
+/// `Duration` and tokio's timers can hold.
+const MAX_WAIT_MS: u64 = 600_000;
+
+/// An hour: the longest lease, shutdown wait, watchdog interval or slot yield accepted.
+const MAX_LONG_WAIT_MS: u64 = 3_600_000;
+
+/// Every numeric setting with its valid range, stated beside it in deploy/config.example.toml.
+pub const NUMERIC_SETTINGS: [NumericSetting; 17] = [
+    // Below 100 ms a loaded but healthy Redis times out.
+    NumericSetting {
+        section: "redis",
+        key: "response_timeout_ms",
+        min: 100,
+        max: MAX_WAIT_MS,
+        value: |s| s.redis.response_timeout_ms,
+    },
+    // 0 would be "unlimited" in AMQP: refused, so the worker's memory stays bounded by it.
+    NumericSetting {
+        section: "amqp",
+        key: "prefetch",
+        min: 1,
+        max: u16::MAX as u64,
+        value: |s| u64::from(s.amqp.prefetch),
+    },
+    NumericSetting {
+        section: "database",
+        key: "max_connections",
+        min: 1,
+        max: 1_000,
+        value: |s| u64::from(s.database.max_connections),
+    },
+    NumericSetting {
+        section: "database",
+        key: "acquire_timeout_ms",
+        min: 100,
+        max: MAX_WAIT_MS,
+        value: |s| s.database.acquire_timeout_ms,
+    },
+    // Postgres reads 0 as "no timeout": refused, a stuck query must free its connection.
+    NumericSetting {
+        section: "database",
+        key: "statement_timeout_ms",
+        min: 100,
+        max: MAX_WAIT_MS,
+        value: |s| s.database.statement_timeout_ms,
+    },
+    // 0 = one per CPU.
+    NumericSetting {
+        section: "worker",
+        key: "threads",
+        min: 0,
+        max: MAX_THREADS as u64,
+        value: |s| s.worker.threads as u64,
+    },
+    // The most deliveries the broker can hand over at once (the largest prefetch).
+    NumericSetting {
+        section: "worker",
+        key: "concurrency",
+        min: 1,
+        max: u16::MAX as u64,
+        value: |s| s.worker.concurrency as u64,
+    },
+    // The smallest valid request fits in 256 bytes; RabbitMQ refuses bodies over 128 MiB.
+    NumericSetting {
+        section: "worker",
+        key: "max_body_bytes",
+        min: 256,
+        max: 128 * 1024 * 1024,
+        value: |s| s.worker.max_body_bytes as u64,
+    },
+    // At least an hour, so a redelivery is recognised; at most the longest rule window.
+    NumericSetting {
+        section: "worker",
+        key: "dedup_ttl_secs",
+        min: 3_600,
+        max: 366 * 86_400,
+        value: |s| s.worker.dedup_ttl_secs,
+    },
+    // Renewed every third of the lease: at 300 ms, every 100 ms.
+    NumericSetting {
+        section: "worker",
+        key: "claim_lease_ms",
+        min: 300,
+        max: MAX_LONG_WAIT_MS,
+        value: |s| s.worker.claim_lease_ms,
+    },
+    NumericSetting {
+        section: "worker",
+        key: "retry_initial_ms",
+        min: 1,
+        max: MAX_WAIT_MS,
+        value: |s| s.worker.retry_initial_ms,
+    },
+    NumericSetting {
+        section: "worker",
+        key: "retry_max_ms",
+        min: 1,
+        max: MAX_WAIT_MS,
+        value: |s| s.worker.retry_max_ms,
+    },
+    NumericSetting {
+        section: "worker",
+        key: "shutdown_timeout_ms",
+        min: 100,
+        max: MAX_LONG_WAIT_MS,
+        value: |s| s.worker.shutdown_timeout_ms,
+    },
+    // Rows are bound as one array per column (12 parameters whatever the size); the bound
+    // keeps one transaction, and the writer's queue of four batches, small.
+    NumericSetting {
+        section: "worker",
+        key: "denial_batch_size",
+        min: 1,
+        max: 10_000,
+        value: |s| s.worker.denial_batch_size as u64,
+    },
+    // 0 = write what has arrived without waiting; a denial's message waits this long at most.
+    NumericSetting {
+        section: "worker",
+        key: "denial_batch_wait_ms",
+        min: 0,
+        max: 1_000,
+        value: |s| s.worker.denial_batch_wait_ms,
+    },
+    NumericSetting {
+        section: "worker",
+        key: "watchdog_interval_ms",
+        min: 100,
+        max: MAX_LONG_WAIT_MS,
+        value: |s| s.worker.watchdog_interval_ms,
+    },
+    NumericSetting {
+        section: "worker",
+        key: "yield_slot_after_ms",
+        min: 100,
+        max: MAX_LONG_WAIT_MS,
+        value: |s| s.worker.yield_slot_after_ms,
+    },
+];
+
+/// Every numeric setting within its range, and the backoff growing from its first delay.
+fn check_ranges(settings: &Settings) -> Result<(), ConfigError> {
+    for setting in &NUMERIC_SETTINGS {
+        let value = (setting.value)(settings);
+        if !(setting.min..=setting.max).contains(&value) {
+            return Err(setting.refusal(&value));
+        }
+    }
+    let w = &settings.worker;
+    if w.retry_initial_ms > w.retry_max_ms {
         return Err(ConfigError::Invalid(format!(
-            "worker.threads must be at most {MAX_THREADS} (0 = one per CPU)"
+            "[worker] retry_initial_ms ({}) must be at most retry_max_ms ({})",
+            w.retry_initial_ms, w.retry_max_ms
         )));
-    }
-    if w.claim_lease_ms < 300 {
-        return invalid("worker.claim_lease_ms must be at least 300");
-    }
-    if w.watchdog_interval_ms < 100 {
-        return invalid("worker.watchdog_interval_ms must be at least 100");
-    }
-    if w.yield_slot_after_ms < 100 {
-        return invalid("worker.yield_slot_after_ms must be at least 100");
-    }
-    if w.retry_initial_ms == 0 || w.retry_max_ms < w.retry_initial_ms {
-        return invalid(
-            "worker.retry_initial_ms must be at least 1 and at most worker.retry_max_ms",
-        );
     }
     Ok(())
 }
@@ -497,20 +654,55 @@ fn check_urls(
             ));
         }
     }
+    // One TLS configuration serves every node of a cluster, and the nodes a seed names are
+    // reached as it was: seeds of both kinds only time out later.
+    let tls = redis_urls
+        .iter()
+        .filter(|u| u.starts_with("rediss://"))
+        .count();
+    if tls != 0 && tls != redis_urls.len() {
+        return Err(ConfigError::Invalid(
+            "redis cluster_urls mix redis:// and rediss:// seeds: a cluster's nodes are reached \
+             all with TLS or all without"
+                .to_owned(),
+        ));
+    }
     let amqp_scheme = amqp.url.starts_with("amqp://") || amqp.url.starts_with("amqps://");
     if !amqp_scheme || amqp.url.parse::<lapin::uri::AMQPUri>().is_err() {
         return Err(ConfigError::Invalid(
             "amqp url is not valid: expected amqp[s]://user:password@host:port/vhost".to_owned(),
         ));
     }
-    let postgres =
-        database.url.starts_with("postgres://") || database.url.starts_with("postgresql://");
-    if !postgres
-        || database
-            .url
-            .parse::<sqlx::postgres::PgConnectOptions>()
-            .is_err()
-    {
+    check_database_url(&database.url)
+}
+
+/// The `sslmode` values Postgres clients (and sqlx) know.
+const SSL_MODES: [&str; 6] = [
+    "disable",
+    "allow",
+    "prefer",
+    "require",
+    "verify-ca",
+    "verify-full",
+];
+
+/// A Postgres URL sqlx can connect with. An unknown `sslmode` is named (the value is no
+/// secret); other parser messages are not repeated, as they can quote the URL.
+fn check_database_url(url: &str) -> Result<(), ConfigError> {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let ssl_mode = query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        matches!(key, "sslmode" | "ssl-mode").then_some(value)
+    });
+    if let Some(mode) = ssl_mode.filter(|m| !SSL_MODES.contains(&m.to_ascii_lowercase().as_str())) {
+        return Err(ConfigError::Invalid(format!(
+            "database url: sslmode \"{}\" is not one of {}",
+            one_line(mode),
+            SSL_MODES.join(", ")
+        )));
+    }
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    if !postgres || url.parse::<sqlx::postgres::PgConnectOptions>().is_err() {
         return Err(ConfigError::Invalid(
             "database url is not valid: expected postgres://user[:password]@host:port/database"
                 .to_owned(),
@@ -552,6 +744,57 @@ impl Settings {
         };
         toml::to_string(&effective).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
     }
+}
+
+/// A TOML error as one line. A numeric setting's value that its type cannot hold (negative,
+/// beyond the type, beyond TOML's integers, not a whole number) is refused with the setting's
+/// range, as a value out of range is; anything else says where, then what.
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let numeric = e.span().and_then(|span| numeric_value_at(text, span.start));
+    match numeric {
+        Some((setting, written)) => setting.refusal(&written),
+        None => ConfigError::Parse {
+            path: path.to_owned(),
+            message: parse_message(text, e),
+        },
+    }
+}
+
+/// The numeric setting whose value (not key) is at byte `at` of `text`, and the value as
+/// written: `key = value` on that line, in the table the last `[header]` above it opens (or
+/// written as a dotted key).
+fn numeric_value_at(text: &str, at: usize) -> Option<(&'static NumericSetting, &str)> {
+    let at = (0..=at.min(text.len()))
+        .rev()
+        .find(|i| text.is_char_boundary(*i))?;
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+    let line = &text[start..end];
+    let equals = line.find('=')?;
+    if at < start + equals {
+        return None;
+    }
+    let header = text[..start]
+        .lines()
+        .rev()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .find(|l| l.starts_with('['))
+        .map_or("", |h| h.trim_matches(|c| c == '[' || c == ']').trim());
+    let key = line[..equals].trim();
+    let path: Vec<&str> = header
+        .split('.')
+        .chain(key.split('.'))
+        .map(|p| p.trim().trim_matches('"'))
+        .filter(|p| !p.is_empty())
+        .collect();
+    let [section, key] = path[..] else {
+        return None;
+    };
+    let setting = NUMERIC_SETTINGS
+        .iter()
+        .find(|s| s.section == section && s.key == key)?;
+    let value = line[equals + 1..].split('#').next().unwrap_or("").trim();
+    Some((setting, value))
 }
 
 /// A TOML error as one line: where, then what.
@@ -661,6 +904,42 @@ mod tests {
         assert_eq!(s.worker.dedup_ttl_secs, defaults.worker.dedup_ttl_secs);
         assert_eq!(s.amqp.prefetch, defaults.amqp.prefetch);
         assert_eq!(s.worker.threads, defaults.worker.threads);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for setting in &NUMERIC_SETTINGS {
+            let (min, max) = (setting.min, setting.max);
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{} = ", setting.key))
+                        && l.contains(&format!("# {min} to {max}"))),
+                "the example states the range of {}",
+                setting.key
+            );
+        }
+    }
+
+    #[test]
+    fn a_value_its_type_cannot_hold_is_refused_with_the_setting_s_range() {
+        for (text, got) in [
+            ("[database]\nmax_connections = -1 # none\n", "-1"),
+            (
+                "[database]\nmax_connections = 99999999999999999999\n",
+                "99999999999999999999",
+            ),
+            ("database.max_connections = 1e30\n", "1e30"),
+            ("[database]\nmax_connections = \"8\"\n", "\"8\""),
+        ] {
+            assert_eq!(
+                Settings::from_toml(text, no_env).unwrap_err().to_string(),
+                format!("[database] max_connections must be between 1 and 1000 (got {got})"),
+                "{text}"
+            );
+        }
+        let twice = "[database]\nmax_connections = 2\nmax_connections = 3\n";
+        let duplicate = Settings::from_toml(twice, no_env).unwrap_err().to_string();
+        assert!(
+            duplicate.starts_with("config file <inline>: line 3: "),
+            "{duplicate}"
+        );
     }
 
     #[test]

@@ -13,7 +13,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError,
+    RedisFuture, RedisResult, Value,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::RedisSettings;
 use crate::tls::TlsFiles;
@@ -21,6 +25,42 @@ use crate::tls::TlsFiles;
 /// Longest wait between two reconnection attempts of a single-server connection: a restarted
 /// Redis is found again within this.
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// Longest a start-up failure's diagnosis may take (a plaintext `PING` to the server that did
+/// not complete a TLS handshake): the local network answers in far less.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why the Redis connection could not be opened at start. Each is one line naming the server
+/// and the cause; none repeats a URL (it may hold a password).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The client failed (refused connection, certificates, authentication, ...).
+    #[error("{0}")]
+    Redis(#[from] RedisError),
+    /// The server could not be reached, or did not finish the handshake within the connect
+    /// timeout.
+    #[error("connecting to {address}{over}: {cause}")]
+    Connect {
+        /// `host:port` of the server (the first seed of a cluster).
+        address: String,
+        /// " over TLS" for `rediss://`, else empty.
+        over: &'static str,
+        /// The I/O error, or how long was waited.
+        cause: String,
+    },
+    /// A `rediss://` URL names a server that answers plaintext Redis: no TLS handshake can
+    /// succeed, however long it is retried.
+    #[error(
+        "TLS handshake with {address} failed ({cause}): the server speaks plaintext Redis, not \
+         TLS (use redis://)"
+    )]
+    PlaintextServer {
+        /// `host:port` of the server.
+        address: String,
+        /// What the TLS client saw: a timeout, or a record it could not read.
+        cause: String,
+    },
+}
 
 /// A client for one server's `url`: TLS with `tls`'s certificates for `rediss://`. Also used
 /// for the deny cache's pub/sub connection, which must reach the same server the same way.
@@ -114,34 +154,111 @@ pub enum RedisConn {
 
 impl RedisConn {
     /// Connects as the settings say: the cluster seeds if any are given, else the single URL.
-    pub async fn connect(settings: &RedisSettings) -> redis::RedisResult<RedisConn> {
+    /// The first attempt is bounded by the connect timeout (`response_timeout_ms`) and its
+    /// failure is reported at once, with its cause; retries with backoff are for reconnecting
+    /// later, when a server that was there comes back.
+    pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, ConnectError> {
         let timeout = Duration::from_millis(settings.response_timeout_ms);
-        if settings.cluster_urls.is_empty() {
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout))
-                .set_max_delay(RECONNECT_MAX_DELAY);
-            let client = client(&settings.url, &settings.tls)?;
-            Ok(RedisConn::Single(
-                ConnectionManager::new_with_config(client, config).await?,
-            ))
+        let connected = if settings.cluster_urls.is_empty() {
+            Self::connect_single(settings, timeout).await
         } else {
-            let mut builder =
-                ClusterClient::builder(settings.cluster_urls.iter().map(String::as_str))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(3);
-            if settings
-                .cluster_urls
-                .iter()
-                .any(|u| u.starts_with("rediss://"))
-            {
-                builder = builder.certs(settings.tls.redis().map_err(tls_error)?);
+            Self::connect_cluster(settings, timeout).await
+        };
+        match connected {
+            Ok(conn) => Ok(conn),
+            Err(e) => {
+                let first = settings.cluster_urls.first().unwrap_or(&settings.url);
+                Err(explain(e, first, timeout).await)
             }
-            let client = builder.build()?;
-            Ok(RedisConn::Cluster(client.get_async_connection().await?))
         }
     }
+
+    async fn connect_single(settings: &RedisSettings, timeout: Duration) -> RedisResult<RedisConn> {
+        let client = client(&settings.url, &settings.tls)?;
+        // The manager retries a failed connect six times with backoff, each attempt up to the
+        // timeout (41 s against a server that never answers a TLS handshake): one attempt of
+        // its own first says at once whether the server can be used at all.
+        let once = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        drop(
+            client
+                .get_multiplexed_async_connection_with_config(&once)
+                .await?,
+        );
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_max_delay(RECONNECT_MAX_DELAY);
+        Ok(RedisConn::Single(
+            ConnectionManager::new_with_config(client, config).await?,
+        ))
+    }
+
+    async fn connect_cluster(
+        settings: &RedisSettings,
+        timeout: Duration,
+    ) -> RedisResult<RedisConn> {
+        let mut builder = ClusterClient::builder(settings.cluster_urls.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(3);
+        // The configuration refuses seeds that mix TLS and plaintext.
+        if settings
+            .cluster_urls
+            .iter()
+            .any(|u| u.starts_with("rediss://"))
+        {
+            builder = builder.certs(settings.tls.redis().map_err(tls_error)?);
+        }
+        let client = builder.build()?;
+        Ok(RedisConn::Cluster(client.get_async_connection().await?))
+    }
+}
+
+/// A failed connect to `url` as the operator needs it: a `rediss://` server that answers
+/// plaintext is named as such, and an I/O failure (a timeout says how long was waited) names
+/// the server.
+async fn explain(e: RedisError, url: &str, timeout: Duration) -> ConnectError {
+    let tls = url.starts_with("rediss://");
+    let Some(address) = url
+        .into_connection_info()
+        .ok()
+        .map(|i| i.addr().to_string())
+    else {
+        return ConnectError::Redis(e);
+    };
+    let after = crate::kinds::human_ms(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
+    let cause = if e.is_timeout() {
+        format!("timed out after {after}")
+    } else {
+        crate::message::one_line(&e.to_string())
+    };
+    if tls && answers_plaintext(&address, timeout.min(PROBE_TIMEOUT)).await {
+        return ConnectError::PlaintextServer { address, cause };
+    }
+    if e.is_io_error() {
+        let over = if tls { " over TLS" } else { "" };
+        return ConnectError::Connect {
+            address,
+            over,
+            cause,
+        };
+    }
+    ConnectError::Redis(e)
+}
+
+/// Whether the server at `address` answers a plaintext `PING` as Redis does (with a reply or
+/// an error such as NOAUTH) within `limit`.
+async fn answers_plaintext(address: &str, limit: Duration) -> bool {
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        stream.write_all(b"PING\r\n").await.ok()?;
+        let mut first = [0u8; 1];
+        stream.read_exact(&mut first).await.ok()?;
+        Some(matches!(first[0], b'+' | b'-'))
+    };
+    matches!(tokio::time::timeout(limit, probe).await, Ok(Some(true)))
 }
 
 impl ConnectionLike for RedisConn {

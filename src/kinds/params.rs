@@ -75,7 +75,10 @@ impl Params<'_> {
             Some(toml::Value::Integer(n)) if *n >= 1 && *n <= i64::from(u32::MAX) => {
                 Ok(Some(*n as u32))
             }
-            Some(toml::Value::Integer(n)) => Err(format!("{name} must be at least 1, got {n}")),
+            Some(toml::Value::Integer(n)) => Err(format!(
+                "{name} must be between 1 and {}, got {n}",
+                u32::MAX
+            )),
             Some(other) => Err(format!(
                 "{name} must be a whole number, got {}",
                 other.type_str()
@@ -101,9 +104,16 @@ impl Params<'_> {
             return default
                 .ok_or_else(|| format!("{name} is required (a duration such as \"1m\")"));
         };
+        // Digits beyond i64 are a duration too long to count, not a malformed one.
+        let too_long = text.starts_with(|c: char| c.is_ascii_digit())
+            && parse_duration_ms(&text).is_none()
+            && ["ms", "s", "m", "h", "d"]
+                .iter()
+                .any(|unit| text.strip_suffix(unit).is_some_and(all_digits));
         match parse_duration_ms(&text) {
             Some(ms) if ms > 0 && ms <= MAX_WINDOW_MS => Ok(ms),
             Some(ms) if ms > MAX_WINDOW_MS => Err(format!("{name} \"{text}\" is longer than 366d")),
+            None if too_long => Err(format!("{name} \"{text}\" is longer than 366d")),
             Some(_) => Err(format!("{name} must be longer than zero, got \"{text}\"")),
             None => Err(format!(
                 "{name} \"{text}\" is not a duration (a whole number followed by ms, s, m, h or d)"
@@ -117,6 +127,10 @@ impl Params<'_> {
             None => Ok(()),
         }
     }
+}
+
+fn all_digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
 }
 
 pub(super) fn as_duration<S: serde::Serializer>(ms: &i64, s: S) -> Result<S::Ok, S::Error> {
@@ -164,6 +178,90 @@ mod tests {
             assert_eq!(human_ms(ms), text);
         }
         assert_eq!(parse_duration_ms("1.5s"), None);
+        assert_eq!(parse_duration_ms("99999999999999999999s"), None);
         assert_eq!(parse_duration_ms("-1s"), None);
+    }
+
+    #[test]
+    fn limits_rates_and_windows_at_zero_negative_or_beyond_their_type_are_refused() {
+        let max = u32::MAX;
+        let cases = [
+            (
+                "fixed_window",
+                "limit = 0\nwindow = \"1m\"",
+                format!("limit must be between 1 and {max}, got 0"),
+            ),
+            (
+                "fixed_window",
+                "limit = -1\nwindow = \"1m\"",
+                format!("limit must be between 1 and {max}, got -1"),
+            ),
+            (
+                "fixed_window",
+                "limit = 4294967296\nwindow = \"1m\"",
+                format!("limit must be between 1 and {max}, got 4294967296"),
+            ),
+            (
+                "fixed_window",
+                "limit = 1e30\nwindow = \"1m\"",
+                "limit must be a whole number, got float".to_owned(),
+            ),
+            (
+                "fixed_window",
+                "limit = 1\nwindow = \"0s\"",
+                "window must be longer than zero, got \"0s\"".to_owned(),
+            ),
+            (
+                "fixed_window",
+                "limit = 1\nwindow = \"-1s\"",
+                "window \"-1s\" is not a duration (a whole number followed by ms, s, m, h or d)"
+                    .to_owned(),
+            ),
+            (
+                "fixed_window",
+                "limit = 1\nwindow = \"367d\"",
+                "window \"367d\" is longer than 366d".to_owned(),
+            ),
+            (
+                "fixed_window",
+                "limit = 1\nwindow = \"99999999999999999999s\"",
+                "window \"99999999999999999999s\" is longer than 366d".to_owned(),
+            ),
+            (
+                "gcra",
+                "rate = 0",
+                format!("rate must be between 1 and {max}, got 0"),
+            ),
+            (
+                "gcra",
+                "rate = 1\nburst = -3",
+                format!("burst must be between 1 and {max}, got -3"),
+            ),
+            (
+                "leaky_bucket",
+                "capacity = 0\nrate = 1",
+                format!("capacity must be between 1 and {max}, got 0"),
+            ),
+            (
+                "token_bucket",
+                "capacity = 5\nrate = 1\ncost = 0",
+                format!("cost must be between 1 and {max}, got 0"),
+            ),
+            (
+                "calendar_quota",
+                "window_days = 0",
+                format!("window_days must be between 1 and {max}, got 0"),
+            ),
+            (
+                "calendar_quota",
+                "window_days = 367",
+                "window_days (367) is more than 366".to_owned(),
+            ),
+        ];
+        for (kind, params, expected) in cases {
+            let table: toml::Table = params.parse().expect("TOML");
+            let refused = crate::kinds::Kind::from_params(kind, &table);
+            assert_eq!(refused, Err(expected), "{kind}: {params}");
+        }
     }
 }

@@ -5,14 +5,13 @@ use crate::support;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use chrono::{Duration, SecondsFormat, SubsecRound, Utc};
 use sendquota::clock::ManualClock;
 use sendquota::internals::dedup::DispatchMarks;
 use serde_json::{json, Value};
-use support::{request, TestEnv};
+use support::{request, TempFile, TestEnv};
 
 /// What one run of the binary left behind.
 struct Out {
@@ -25,27 +24,6 @@ impl Out {
     /// Exit code, stdout and stderr, to compare at once.
     fn all(&self) -> (i32, &str, &str) {
         (self.code, &self.stdout, &self.stderr)
-    }
-}
-
-/// A file in the temp directory (a config or a batch of requests), removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(text: &str) -> TempFile {
-        let path = std::env::temp_dir().join(format!("{}.toml", support::unique("sqcli")));
-        std::fs::write(&path, text).expect("write temp file");
-        TempFile(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().expect("utf-8 path")
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -157,6 +135,40 @@ fn malformed_connection_urls_are_config_errors_with_exit_2() {
         assert_eq!(out.code, 2, "{var}: {}", out.stderr);
         assert!(out.stderr.starts_with(message), "{var}: {}", out.stderr);
         assert!(!out.stderr.contains("garbage"), "the URL is not echoed");
+    }
+}
+
+/// A URL that parses but cannot be used is refused at start (exit 2, before connecting) with
+/// its real cause, by `config check` and by the worker alike: an unknown `sslmode`, a Redis
+/// Cluster whose seeds mix TLS and plaintext.
+#[test]
+fn unusable_connection_settings_are_config_errors_naming_the_cause() {
+    for (var, value, expected) in [
+        (
+            "SENDQUOTA_DATABASE_URL",
+            "postgres://postgres:s3cret@127.0.0.1:5432/sendquota?sslmode=bogus",
+            "sendquota: database url: sslmode \"bogus\" is not one of disable, allow, prefer, \
+             require, verify-ca, verify-full\n",
+        ),
+        (
+            "SENDQUOTA_REDIS_CLUSTER_URLS",
+            "redis://127.0.0.1:7000,rediss://127.0.0.1:7001",
+            "sendquota: redis cluster_urls mix redis:// and rediss:// seeds: a cluster's nodes \
+             are reached all with TLS or all without\n",
+        ),
+    ] {
+        for args in [&["config", "check"][..], &["worker"][..]] {
+            let mut cmd = bare();
+            cmd.args(args).env(var, value);
+            let started = std::time::Instant::now();
+            let out = output(cmd, None);
+            assert_eq!(
+                (out.code, out.stdout.as_str(), out.stderr.as_str()),
+                (2, "", expected),
+                "{var} {args:?}"
+            );
+            assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        }
     }
 }
 

@@ -42,7 +42,8 @@ refused! {
     unknown_on_deny => "config file FILE: line 4: unknown on_deny \"ignore\" (expected drop, delay \
         or shadow)",
     per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
-    too_many_threads => "worker.threads must be at most 1024 (0 = one per CPU)",
+    too_many_threads => "[worker] threads must be between 0 and 1024 (got 100000)",
+    zero_max_connections => "[database] max_connections must be between 1 and 1000 (got 0)",
 }
 
 #[test]

@@ -26,5 +26,6 @@ mod replay;
 mod resilience;
 mod retries;
 mod security;
+mod settings;
 mod tls;
 mod window_kinds_model;

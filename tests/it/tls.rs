@@ -472,3 +472,50 @@ async fn plaintext_against_a_tls_only_server_fails_start_up_naming_the_service()
         assert_fails_at_start(&run, variable, service, reason);
     }
 }
+
+/// `rediss://` against the suite's plaintext Redis, a single server and every seed of its
+/// cluster, with a 1 s connect timeout: the worker stops at start with exit 1 within that
+/// timeout (and a second for starting the process), in one line that names Redis, the address
+/// and the cause; it does not retry the handshake for tens of seconds.
+#[test]
+fn tls_against_a_plaintext_redis_fails_start_up_within_the_connect_timeout_naming_the_cause() {
+    let tls = |url: &str| url.replacen("redis://", "rediss://", 1);
+    let single = support::redis_url();
+    let seeds = support::cluster_urls();
+    let cluster: Vec<String> = seeds.iter().map(|u| tls(u)).collect();
+    for (variable, urls, address) in [
+        ("SENDQUOTA_REDIS_URL", tls(&single), single),
+        (
+            "SENDQUOTA_REDIS_CLUSTER_URLS",
+            cluster.join(","),
+            seeds[0].clone(),
+        ),
+    ] {
+        let address = address.trim_start_matches("redis://").trim_end_matches('/');
+        let config = support::TempFile::new("[redis]\nresponse_timeout_ms = 1000\n");
+        let mut worker = support::process::sendquota();
+        worker
+            .env_remove("SENDQUOTA_LOG")
+            .env(variable, &urls)
+            .arg("--config")
+            .arg(config.path())
+            .args(["worker", "--now", "2026-04-01T09:00:00Z"]);
+        let run = run_for(worker, None, Duration::from_secs(30));
+        assert_fails_at_start(
+            &run,
+            variable,
+            "redis",
+            "the server speaks plaintext Redis, not TLS (use redis://)",
+        );
+        let handshake = format!("sendquota: redis: TLS handshake with {address} failed (");
+        assert!(
+            run.stderr.lines().any(|l| l.starts_with(&handshake)),
+            "{variable}: {run:?}"
+        );
+        assert!(
+            run.elapsed < Duration::from_secs(2),
+            "{variable}: failed after {:?}",
+            run.elapsed
+        );
+    }
+}

@@ -87,6 +87,27 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{n}_{nanos}", std::process::id())
 }
 
+/// A file in the temp directory (a config or a batch of requests), removed on drop.
+pub struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    pub fn new(text: &str) -> TempFile {
+        let path = std::env::temp_dir().join(format!("{}.toml", unique("sqtmp")));
+        std::fs::write(&path, text).expect("write temp file");
+        TempFile(path)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// One test's private world on the shared services.
 pub struct TestEnv {
     pub namespace: String,
