@@ -9,9 +9,12 @@
 //! - queues `<ns>.delay.<ms>`: delayed messages wait there for a fixed TTL and are
 //!   dead-lettered back to `<ns>.requests`.
 //!
-//! Declarations are idempotent, so every worker declares everything at start.
+//! Declarations are idempotent, so every worker declares everything at start, and again
+//! when a publish to one of its queues comes back unroutable (an operator deleted it).
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
@@ -51,7 +54,12 @@ pub const DELAY_TIERS_MS: [i64; 8] = [
 /// past it the operation is treated as failed and retried, so a stuck broker cannot stall a
 /// message forever. Time while the broker blocks the connection (a resource alarm) does not
 /// count: a publish confirmed after the alarm clears must not be sent again.
-pub const BROKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Shortest time between two declarations of the topology after returned publishes: the first
+/// return declares everything again, and the publishes returned meanwhile (a storm of them,
+/// one per message in flight) only publish once more instead of each declaring it too.
+pub const REDECLARE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Broker failures: the message must be retried.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +93,8 @@ pub enum BrokerError {
         /// Messages waiting in the requests queue.
         ready: u32,
     },
-    /// The broker ended the consumer (its queue was deleted) or the delivery stream closed.
+    /// The delivery stream ended and its channel is gone with it. (A consumer the broker
+    /// cancels on an open channel, its queue deleted, is started again on that channel.)
     #[error("rabbitmq: the consumer was cancelled")]
     ConsumerEnded,
     /// The broker closed a channel of the session (a publish to a deleted exchange, say).
@@ -171,6 +180,27 @@ impl Names {
     pub fn delay_queue(&self, ttl_ms: i64) -> String {
         format!("{}.delay.{ttl_ms}", self.namespace)
     }
+
+    /// The durable queues other than the delay queues, which have arguments of their own.
+    fn queues(&self) -> [&str; 3] {
+        [&self.requests, &self.invalid, &self.quarantine]
+    }
+
+    /// Whether a publish to `exchange` with `routing_key` is meant for an exchange or queue the
+    /// worker declares: the requests exchange, or through the default exchange the requests,
+    /// invalid, quarantine or a delay queue. When one comes back unroutable, that exchange or
+    /// queue was deleted and declaring the topology again brings it back. A dispatch is not:
+    /// the queues bound to the dispatch exchange are the senders', and an unroutable dispatch
+    /// waits for a sender to bind one.
+    pub fn owns(&self, exchange: &str, routing_key: &str) -> bool {
+        if !exchange.is_empty() {
+            return exchange == self.requests;
+        }
+        self.queues().contains(&routing_key)
+            || DELAY_TIERS_MS
+                .iter()
+                .any(|&ttl| self.delay_queue(ttl) == routing_key)
+    }
 }
 
 /// Opens a connection named after the process role (`sendquota-worker-consume`, ...), with
@@ -254,7 +284,7 @@ pub async fn declare(
         )
         .await?;
     }
-    for queue in [&names.requests, &names.invalid, &names.quarantine] {
+    for queue in names.queues() {
         timed(
             "queue.declare",
             channel.queue_declare(short(queue)?, durable_queue, queue_args(queue_type)),
@@ -335,7 +365,34 @@ pub struct Publisher {
     /// Set when the session this publisher belongs to is over: publishes still waiting then
     /// fail at once instead of at their timeout (lapin may leave a confirm of a channel the
     /// broker closed unanswered), so their deliveries are given up and their claims released.
-    ended: std::sync::Arc<watch::Sender<bool>>,
+    ended: Arc<watch::Sender<bool>>,
+    /// The topology this publisher declares again when a publish to it comes back unroutable;
+    /// `None` for a publisher that leaves the topology alone.
+    healer: Option<Arc<Healer>>,
+}
+
+/// Declares a namespace's topology again after a returned publish, at most once per
+/// [`REDECLARE_INTERVAL`].
+struct Healer {
+    names: Names,
+    queue_type: QueueType,
+    /// When the last declaration after a return began.
+    last: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl Healer {
+    /// Declares the topology on `channel` unless that began less than [`REDECLARE_INTERVAL`]
+    /// ago; a caller arriving while a declaration is under way waits for it to end.
+    async fn declare_again(&self, channel: &Channel) -> Result<(), BrokerError> {
+        let mut last = self.last.lock().await;
+        if last.is_some_and(|at| at.elapsed() < REDECLARE_INTERVAL) {
+            return Ok(());
+        }
+        *last = Some(Instant::now());
+        tracing::warn!(namespace = %self.names.namespace,
+            "a publish to a queue of the worker's was returned; declaring the topology again");
+        declare(channel, &self.names, self.queue_type).await
+    }
 }
 
 impl Publisher {
@@ -352,8 +409,25 @@ impl Publisher {
         Ok(Publisher {
             channel,
             blocked,
-            ended: std::sync::Arc::new(watch::channel(false).0),
+            ended: Arc::new(watch::channel(false).0),
+            healer: None,
         })
+    }
+
+    /// This publisher, declaring the topology of `names` again when a publish to one of its
+    /// exchanges or queues ([`Names::owns`]) comes back unroutable, and then publishing once
+    /// more: an exchange or queue an operator deleted comes back with the next message for
+    /// it, instead of that message failing until a new session.
+    pub fn healing(self, names: Names, queue_type: QueueType) -> Publisher {
+        let healer = Healer {
+            names,
+            queue_type,
+            last: tokio::sync::Mutex::new(None),
+        };
+        Publisher {
+            healer: Some(Arc::new(healer)),
+            ..self
+        }
     }
 
     /// Fails every publish still waiting on this publisher, and every later one.
@@ -372,8 +446,38 @@ impl Publisher {
     }
 
     /// Publishes persistently and waits for the broker's confirmation. The message must reach a
-    /// queue: an unroutable message is an error, not a silent loss.
+    /// queue: an unroutable message is an error, not a silent loss. A healing publisher (see
+    /// [`Publisher::healing`]) first declares its topology again and publishes once more.
     pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        let healer = self
+            .healer
+            .as_ref()
+            .filter(|h| h.names.owns(exchange, routing_key));
+        let Some(healer) = healer else {
+            return self
+                .publish_once(exchange, routing_key, body, properties)
+                .await;
+        };
+        let published = self
+            .publish_once(exchange, routing_key, body, properties.clone())
+            .await;
+        match published {
+            Err(BrokerError::Unroutable { .. }) => {
+                healer.declare_again(&self.channel).await?;
+                self.publish_once(exchange, routing_key, body, properties)
+                    .await
+            }
+            published => published,
+        }
+    }
+
+    async fn publish_once(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -450,6 +554,27 @@ mod tests {
 
     fn at(secs: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(secs, 0).unwrap()
+    }
+
+    #[test]
+    fn the_worker_owns_its_queues_and_the_requests_exchange_but_not_the_senders_queues() {
+        let names = Names::new("ns");
+        for queue in [
+            "ns.requests",
+            "ns.invalid",
+            "ns.quarantine",
+            "ns.delay.1000",
+        ] {
+            assert!(names.owns("", queue), "{queue}");
+        }
+        assert!(names.owns("ns.requests", ""));
+        assert!(
+            !names.owns("ns.dispatch", "sms"),
+            "a dispatch is the senders'"
+        );
+        for other in ["ns.dispatch", "ns.delay.7", "other.invalid", "ns.invalid.x"] {
+            assert!(!names.owns("", other), "{other}");
+        }
     }
 
     #[test]

@@ -475,7 +475,8 @@ fn print_denials(rows: &[Denial], format: Format) -> Result<(), CliError> {
 }
 
 /// A confirmed publisher on a new connection, with the topology declared (so nothing
-/// published before any worker ran is unroutable).
+/// published before any worker ran is unroutable) and declared again should a publish come
+/// back unroutable (the requests queue deleted meanwhile).
 async fn open_publisher(
     settings: &Settings,
     names: &Names,
@@ -486,7 +487,8 @@ async fn open_publisher(
         .map_err(|e| service("rabbitmq")(&e))?;
     let publisher = Publisher::open(&connection)
         .await
-        .map_err(|e| service("rabbitmq")(&e))?;
+        .map_err(|e| service("rabbitmq")(&e))?
+        .healing(names.clone(), settings.amqp.queue_type);
     broker::declare(publisher.channel(), names, settings.amqp.queue_type)
         .await
         .map_err(|e| service("rabbitmq")(&e))?;

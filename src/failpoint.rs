@@ -1,8 +1,8 @@
 //! Deliberate faults for crash tests: a worker that hangs at exactly the point a test means to
-//! kill it, a consumer that silently stops, messages that fail while others go through. They
-//! are compiled in only with the cargo feature `failpoints`, which the test command turns on;
-//! in any other build no check is made (each compiles to `false`) and `SENDQUOTA_FAILPOINT` is
-//! refused at start.
+//! kill it, a consumer that silently stops, messages that fail while others go through,
+//! messages that stay in flight for a while. They are compiled in only with the cargo feature
+//! `failpoints`, which the test command turns on; in any other build no check is made (each
+//! compiles to `false`) and `SENDQUOTA_FAILPOINT` is refused at start.
 
 /// One fault, armed for the worker's whole life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,7 +16,14 @@ pub enum Failpoint {
     /// while every other message goes through: failures specific to some messages, which must
     /// not hold every slot.
     FailStuckIds,
+    /// Every attempt at a message whose id starts with `slow-` waits [`SLOW_IDS_HOLD`] before
+    /// it is decided: deliveries that stay in flight for a while, as behind a slow service.
+    SlowIds,
 }
+
+/// How long [`Failpoint::SlowIds`] holds each attempt: far longer than healing the topology
+/// takes, far shorter than the default shutdown timeout, so a test tells them apart.
+pub const SLOW_IDS_HOLD: std::time::Duration = std::time::Duration::from_secs(6);
 
 /// Whether this build has failpoints (the cargo feature `failpoints`).
 pub fn enabled() -> bool {
@@ -40,6 +47,7 @@ pub fn parse(value: &str) -> Result<Failpoint, String> {
         "hang-after-admit" => Ok(Failpoint::HangAfterAdmit),
         "stall-consumer-once" => Ok(Failpoint::StallConsumerOnce),
         "fail-stuck-ids" => Ok(Failpoint::FailStuckIds),
+        "slow-ids" => Ok(Failpoint::SlowIds),
         other => Err(format!("unknown SENDQUOTA_FAILPOINT {other:?}")),
     }
 }
@@ -57,6 +65,7 @@ mod tests {
             Ok(Failpoint::StallConsumerOnce)
         );
         assert_eq!(parse("fail-stuck-ids"), Ok(Failpoint::FailStuckIds));
+        assert_eq!(parse("slow-ids"), Ok(Failpoint::SlowIds));
         assert!(parse("nope").is_err());
         assert!(armed(
             Some(Failpoint::FailStuckIds),

@@ -108,6 +108,9 @@ impl Pipeline {
             let injected = std::io::Error::other("failpoint fail-stuck-ids");
             return Err(HandleError::Redis(injected.into()));
         }
+        if failpoint::armed(self.failpoint, Failpoint::SlowIds) && message.id.starts_with("slow-") {
+            tokio::time::sleep(failpoint::SLOW_IDS_HOLD).await;
+        }
         let now = self.clock.now();
         let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
             .and_then(|v| v.parse::<i64>().ok());

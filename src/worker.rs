@@ -1,10 +1,12 @@
 //! The worker: owns broker sessions, deliveries, concurrency, retries and acks; the decision
 //! is the pipeline's, and building the application is `startup`'s.
 //!
-//! It supervises its broker session itself: when the connection or consumer is lost it
-//! reconnects with capped, jittered backoff, declares its topology again and resumes. Messages
-//! in flight on the lost channel cannot be acked any more; the broker redelivers them, which is
-//! safe because every step is idempotent by message id.
+//! It supervises its broker session itself: when the connection is lost it reconnects with
+//! capped, jittered backoff, declares its topology again and resumes. Messages in flight on
+//! the lost channel cannot be acked any more; the broker redelivers them, which is safe because
+//! every step is idempotent by message id. When only the consumer is cancelled (an operator
+//! deleted the requests queue) the channel lives on: the worker declares the queue again at
+//! once and consumes it there, and the deliveries in flight finish beside and are acked on it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,8 +124,11 @@ async fn consume(
     consuming: &Connection,
     publishing: &Connection,
 ) -> Result<(), BrokerError> {
-    let publisher = Publisher::open(publishing).await?;
-    let (channel, mut consumer) = open_consumer(settings, &pipeline.names, consuming).await?;
+    let publisher = Publisher::open(publishing)
+        .await?
+        .healing(pipeline.names.clone(), settings.amqp.queue_type);
+    let channel = broker::timed("channel.open", consuming.create_channel()).await?;
+    let mut consumer = consume_requests(settings, &pipeline.names, &channel).await?;
     health.set_consuming(true);
     let mut blocked = publisher.blocked().clone();
     health.set_blocked(blocked.borrow_and_update().clone());
@@ -175,7 +180,14 @@ async fn consume(
                     task.spawn(delivery, slot);
                 }
                 Some(Err(e)) => break Err(e.into()),
-                None => break Err(BrokerError::ConsumerEnded),
+                None => {
+                    health.set_consuming(false);
+                    match consume_again(settings, &pipeline.names, &channel).await {
+                        Ok(again) => consumer = again,
+                        Err(e) => break Err(e),
+                    }
+                    health.set_consuming(true);
+                }
             },
         }
     };
@@ -188,15 +200,14 @@ async fn consume(
     result
 }
 
-/// Opens the consuming channel, declares the topology and starts consuming the requests queue
-/// with the configured prefetch.
-async fn open_consumer(
+/// Declares the topology on `channel` and starts consuming the requests queue there with the
+/// configured prefetch.
+async fn consume_requests(
     settings: &Settings,
     names: &Names,
-    consuming: &Connection,
-) -> Result<(Channel, lapin::Consumer), BrokerError> {
-    let channel = broker::timed("channel.open", consuming.create_channel()).await?;
-    broker::declare(&channel, names, settings.amqp.queue_type).await?;
+    channel: &Channel,
+) -> Result<lapin::Consumer, BrokerError> {
+    broker::declare(channel, names, settings.amqp.queue_type).await?;
     broker::timed(
         "basic.qos",
         channel.basic_qos(settings.amqp.prefetch, BasicQosOptions::default()),
@@ -213,7 +224,26 @@ async fn open_consumer(
     )
     .await?;
     info!(queue = %names.requests, "consuming");
-    Ok((channel, consumer))
+    Ok(consumer)
+}
+
+/// After the consumer ended while its channel is still open (the broker cancels a consumer
+/// whose queue was deleted, and the messages waiting there went with it): declares the queue
+/// again and consumes it on the same channel, at once, so producers' messages have a queue
+/// again. The deliveries already taken finish beside the new consumer and are acked on this
+/// channel, the only one they can be acked on; their slots and the settler are the session's.
+/// Fails with [`BrokerError::ConsumerEnded`] when the channel is gone too: the session is lost.
+async fn consume_again(
+    settings: &Settings,
+    names: &Names,
+    channel: &Channel,
+) -> Result<lapin::Consumer, BrokerError> {
+    if !channel.status().connected() {
+        return Err(BrokerError::ConsumerEnded);
+    }
+    warn!(queue = %names.requests, "the broker cancelled the consumer (was the queue deleted?); \
+        declaring it again while the deliveries in flight finish");
+    consume_requests(settings, names, channel).await
 }
 
 /// The watchdog's check, for a consumer that received nothing for an interval while it had

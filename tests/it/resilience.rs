@@ -1,7 +1,8 @@
 //! The worker supervises itself: a consumer that silently stops is restarted by the watchdog,
-//! a broker resource alarm pauses it without losing or repeating anything, and SIGTERM drains
-//! in-flight messages and exits cleanly without losing any. The binary runs
-//! on the number of runtime threads its configuration asks for.
+//! a broker resource alarm pauses it without losing or repeating anything, an exchange or
+//! queue of its own that an operator deleted comes back within seconds, and SIGTERM drains
+//! in-flight messages and exits cleanly without losing any. The binary runs on the number of
+//! runtime threads its configuration asks for.
 
 use crate::support;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lapin::options::BasicGetOptions;
 use sendquota::clock::ManualClock;
-use sendquota::config::QueueType;
+use sendquota::config::{QueueType, WorkerSettings};
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::broker::{self, Publisher};
 use sendquota::internals::limiter::keys::{claims_key, scope_tag};
@@ -408,26 +409,39 @@ async fn deleting_the_dispatch_exchange_under_load_rebuilds_the_session_and_lose
     env.stop_worker().await;
 }
 
-/// Deleting the requests queue cancels the worker's consumer. The worker starts a new session,
-/// declares the queue again, and consumes what is published next.
+/// How soon a queue of the worker's that was deleted must be back and in use: a declaration
+/// takes milliseconds, the rest is slack for a loaded machine.
+const HEALED_WITHIN: Duration = Duration::from_secs(5);
+
+/// Deleting the requests queue cancels the worker's consumer (the messages it held go with
+/// the queue). The worker declares the queue again at once and consumes it, while the
+/// deliveries already in flight (here each held for `SLOW_IDS_HOLD`, as behind a slow
+/// service) finish beside it and are acked on their own channel: a request published right
+/// after the deletion is dispatched within seconds, long before the shutdown timeout, and
+/// every message that was in flight is dispatched once.
 #[tokio::test]
-async fn a_deleted_requests_queue_is_declared_again_and_consumed_from() {
+async fn a_deleted_requests_queue_is_consumed_again_at_once_while_in_flight_messages_finish() {
+    const SLOW: usize = 20;
     let mut env = TestEnv::new().await;
+    env.settings.worker.shutdown_timeout_ms = WorkerSettings::default().shutdown_timeout_ms;
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
-    env.start_worker(&clock);
-    env.publish(&request("before", "alice", "UTC")).await;
+    env.start_worker_with(&clock, Some(Failpoint::SlowIds));
     let mut seen = HashMap::new();
+    env.publish(&request("before", "alice", "UTC")).await;
     env.dispatched("before", &mut seen).await;
-    env.channel
-        .queue_delete(
-            env.names.requests.as_str().into(),
-            lapin::options::QueueDeleteOptions::default(),
-        )
-        .await
-        .expect("delete the requests queue");
+    for i in 0..SLOW {
+        env.publish(&request(&format!("slow-{i}"), &format!("s{i}"), "UTC"))
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while queued(&env).await > 0 {
+        assert!(Instant::now() < deadline, "the slow messages are in flight");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    delete_queue(&env, &env.names.requests).await;
+    let deleted = Instant::now();
     // Unroutable until the worker has declared and bound the queue again.
     let body = serde_json::to_vec(&request("after", "bob", "UTC")).expect("json");
-    let deadline = Instant::now() + Duration::from_secs(20);
     while let Err(e) = env
         .publisher
         .publish(
@@ -439,11 +453,160 @@ async fn a_deleted_requests_queue_is_declared_again_and_consumed_from() {
         .await
     {
         assert!(
+            deleted.elapsed() < HEALED_WITHIN,
+            "the requests queue was declared again at once: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.dispatched("after", &mut seen).await;
+    assert!(
+        deleted.elapsed() < HEALED_WITHIN,
+        "a request published after the deletion was dispatched within {HEALED_WITHIN:?}, not \
+         after the in-flight messages: {:?}",
+        deleted.elapsed()
+    );
+    for i in 0..SLOW {
+        env.dispatched(&format!("slow-{i}"), &mut seen).await;
+    }
+    env.stop_worker().await;
+    for id in env.take_dispatched().await {
+        *seen.entry(id).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, &n)| n != 1).collect();
+    assert!(twice.is_empty(), "dispatched more than once: {twice:?}");
+    assert_eq!(seen.len(), SLOW + 2, "nothing in flight was lost: {seen:?}");
+}
+
+/// An operator deletes the invalid queue under a running worker. The next invalid message's
+/// publish comes back unroutable; the worker declares its topology again and publishes it once
+/// more, so it lands in the invalid queue with its reason within seconds (it used to be retried
+/// forever, the queue never coming back).
+#[tokio::test]
+async fn a_deleted_invalid_queue_is_declared_again_for_the_next_invalid_message() {
+    let mut env = running_worker().await;
+    delete_queue(&env, &env.names.invalid).await;
+    let body = br#"{"id":"typo","recipient":"alice","channel":"sms","timezon":"UTC"}"#;
+    env.publish_raw(body).await;
+    let invalid = first_message_in(&env, &env.names.invalid).await;
+    assert_eq!(invalid.delivery.data, body, "the body as it was published");
+    let reason = broker::header(&invalid.delivery.properties, broker::REASON_HEADER);
+    assert!(
+        reason.as_deref().is_some_and(|r| r.contains("timezon")),
+        "the reason names the unknown field: {reason:?}"
+    );
+    env.stop_worker().await;
+}
+
+/// The same for the quarantine queue: a poison message (Postgres refuses its denial row for
+/// its data) is quarantined with its headers although the queue had been deleted.
+#[tokio::test]
+async fn a_deleted_quarantine_queue_is_declared_again_for_the_next_poison_message() {
+    let mut env = running_worker().await;
+    env.refuse_denials_to("picky").await;
+    env.publish(&request("p1", "picky", "UTC")).await;
+    env.dispatched("p1", &mut HashMap::new()).await;
+    delete_queue(&env, &env.names.quarantine).await;
+    let poison = request("p2", "picky", "UTC").to_string();
+    env.publish_raw(poison.as_bytes()).await;
+    let quarantined = first_message_in(&env, &env.names.quarantine).await;
+    assert_eq!(quarantined.delivery.data, poison.as_bytes());
+    let reason = broker::header(
+        &quarantined.delivery.properties,
+        broker::QUARANTINE_REASON_HEADER,
+    );
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("picky refuses")),
+        "the quarantine reason: {reason:?}"
+    );
+    env.stop_worker().await;
+}
+
+/// The same for a delay queue: a message a quiet-hours rule delays until 08:00 is parked in
+/// the 6-hour delay queue, declared again, with the instant it waits for.
+#[tokio::test]
+async fn a_deleted_delay_queue_is_declared_again_for_the_next_delayed_message() {
+    let quiet = "[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
+                 end = \"08:00\"\non_deny = \"delay\"\n";
+    let mut env = TestEnv::with_config(quiet).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 21:00"));
+    env.start_worker(&clock);
+    env.publish(&request("day", "alice", "UTC")).await;
+    env.dispatched("day", &mut HashMap::new()).await;
+    clock.set(local("UTC", "2026-04-01 23:00"));
+    let queue = env.names.delay_queue(21_600_000);
+    delete_queue(&env, &queue).await;
+    env.publish(&request("night", "bob", "UTC")).await;
+    let parked = first_message_in(&env, &queue).await;
+    let until = broker::header(&parked.delivery.properties, broker::DELAYED_UNTIL_HEADER);
+    assert_eq!(until.as_deref(), Some("2026-04-02T08:00:00+00:00"));
+    env.stop_worker().await;
+}
+
+/// A producer's publisher that heals, as `sendquota publish` and the replays open theirs: with
+/// no worker running, a publish to the requests exchange whose queue was deleted declares the
+/// topology again and is routed to the queue instead of failing.
+#[tokio::test]
+async fn a_producers_publish_brings_a_deleted_requests_queue_back_and_lands_in_it() {
+    let env = TestEnv::new().await;
+    delete_queue(&env, &env.names.requests).await;
+    let publisher = Publisher::open(&env.broker)
+        .await
+        .expect("publisher")
+        .healing(env.names.clone(), env.settings.amqp.queue_type);
+    let body = request("m1", "alice", "UTC").to_string();
+    publisher
+        .publish(
+            &env.names.requests,
+            "",
+            body.as_bytes(),
+            broker::json_properties(None, &[]),
+        )
+        .await
+        .expect("routed once the queue is declared again");
+    assert_eq!(env.ready(&env.names.requests).await, 1);
+}
+
+/// A worker at default settings on the headline policy, started, and seen to have dispatched a
+/// first message (so its topology is declared and it consumes).
+async fn running_worker() -> TestEnv {
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    env.publish(&request("first", "first", "UTC")).await;
+    env.dispatched("first", &mut HashMap::new()).await;
+    env
+}
+
+/// Deletes `queue` (and whatever it holds) through the test's own connection, as an operator
+/// would.
+async fn delete_queue(env: &TestEnv, queue: &str) {
+    env.channel
+        .queue_delete(queue.into(), lapin::options::QueueDeleteOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {queue}: {e}"));
+}
+
+/// The first message to reach `queue` within [`HEALED_WITHIN`], taken off it; the queue may be
+/// missing until then.
+async fn first_message_in(env: &TestEnv, queue: &str) -> lapin::message::BasicGetMessage {
+    let deadline = Instant::now() + HEALED_WITHIN;
+    loop {
+        // A basic.get on a missing queue closes the channel: one channel per try.
+        let probe = env.amqp.create_channel().await.expect("channel");
+        let got = probe
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await;
+        let _ = probe.close(200, "probed".into()).await;
+        if let Ok(Some(message)) = got {
+            return message;
+        }
+        assert!(
             Instant::now() < deadline,
-            "the requests queue was declared again: {e}"
+            "{queue} was declared again and got its message within {HEALED_WITHIN:?} ({got:?})",
+            got = got.map(|m| m.is_some())
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    env.dispatched("after", &mut seen).await;
-    env.stop_worker().await;
 }

@@ -156,15 +156,7 @@ async fn a_denial_postgres_refuses_for_its_data_is_quarantined_and_its_batch_is_
 #[tokio::test]
 async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() {
     let mut env = TestEnv::new().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION picky() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-         IF NEW.recipient = 'picky' THEN RAISE EXCEPTION 'picky refuses' USING ERRCODE = '22023'; \
-         END IF; RETURN NEW; END $$; \
-         CREATE TRIGGER picky BEFORE INSERT ON denials FOR EACH ROW EXECUTE FUNCTION picky();",
-    )
-    .execute(&env.pool)
-    .await
-    .expect("the refusing trigger");
+    env.refuse_denials_to("picky").await;
     let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
     env.start_worker(&clock);
     let mut seen = HashMap::new();
@@ -204,10 +196,7 @@ async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() 
         "listing leaves the message in quarantine"
     );
 
-    sqlx::query("DROP TRIGGER picky ON denials")
-        .execute(&env.pool)
-        .await
-        .expect("fix the cause");
+    env.accept_denials_to("picky").await;
     quarantine_replay(&env, 1);
     assert!(
         !env.outcome("p2", &mut seen).await,

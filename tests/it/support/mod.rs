@@ -300,6 +300,38 @@ impl TestEnv {
         }
     }
 
+    /// Makes Postgres refuse every denial row of `recipient` for its data (SQLSTATE 22023,
+    /// "<recipient> refuses"), as it refuses a row it cannot store: a denied message to
+    /// `recipient` is poison and goes to the quarantine queue. [`TestEnv::accept_denials_to`]
+    /// undoes it.
+    pub async fn refuse_denials_to(&self, recipient: &str) {
+        assert!(
+            recipient.chars().all(|c| c.is_ascii_alphanumeric()),
+            "a plain recipient, spliced into SQL: {recipient:?}"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE FUNCTION refuse_{recipient}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.recipient = '{recipient}' THEN \
+             RAISE EXCEPTION '{recipient} refuses' USING ERRCODE = '22023'; \
+             END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER refuse_{recipient} BEFORE INSERT ON denials FOR EACH ROW \
+             EXECUTE FUNCTION refuse_{recipient}();"
+        )))
+        .execute(&self.pool)
+        .await
+        .expect("the refusing trigger");
+    }
+
+    /// Undoes [`TestEnv::refuse_denials_to`]: the cause of the quarantine is fixed.
+    pub async fn accept_denials_to(&self, recipient: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP TRIGGER refuse_{recipient} ON denials"
+        )))
+        .execute(&self.pool)
+        .await
+        .expect("drop the refusing trigger");
+    }
+
     /// Messages ready (not counting deliveries in progress) in `queue`.
     pub async fn ready(&self, queue: &str) -> u32 {
         let passive = lapin::options::QueueDeclareOptions {
