@@ -336,7 +336,11 @@ impl Task {
                 }
                 Err(e) => {
                     failures.count(&e);
-                    if self.after_failure(&delivery, &claim, &failures).await {
+                    // Boxed: quarantining or yielding a slot is rare, and inline its state
+                    // would make every delivery's task many kilobytes larger, copied whole
+                    // when the task is spawned and when it completes.
+                    let settled = Box::pin(self.after_failure(&delivery, &claim, &failures));
+                    if settled.await {
                         return;
                     }
                 }
