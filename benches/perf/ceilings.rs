@@ -1,19 +1,16 @@
 //! The two ceilings the worker is measured against, the best this machine does with no
 //! sendquota code in the way: (a1) the limiter's exact EVALSHA for the headline rule in bare
 //! redis-rs pipelines, the ceiling of the decision path (b) and, on denials, of (f); (a2) a
-//! no-work relay through RabbitMQ, the ceiling of the worker end to end (c), and with (g) the
-//! broker's share of its latency.
+//! no-work relay through RabbitMQ (its shapes in `relay`), the ceiling of the worker end to end
+//! (c), and with (g) the broker's share of its latency.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
-use lapin::BasicProperties;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use sendquota::internals::broker::Names;
 use sendquota::internals::dedup::recipient_sent_key;
 use sendquota::internals::kinds::calendar::{day_number, day_start, window_reach};
 use sendquota::internals::limiter::keys::ids_key;
@@ -21,15 +18,10 @@ use sendquota::internals::limiter::keys::ids_key;
 use crate::keyspace::headline_key;
 use crate::procs::{Procs, Tally};
 use crate::progress::Progress;
-use crate::queues::{
-    broker_phase, connection_pair, consume_requests, empty_broker_queues, prefetching_channel,
-    queued,
-};
+use crate::queues::{broker_phase, empty_broker_queues, queued};
+use crate::relay::{relay, RelayShape};
 use crate::report::rate;
 use crate::support::TestEnv;
-
-/// Prefetch of the relay ceiling (a2). The worker of (c) runs at its own settings.
-const RELAY_PREFETCH: u16 = 1000;
 
 /// The bare decision loop: the limiter's exact EVALSHA for the headline rule, sent in
 /// pipelines over one multiplexed connection, several pipelines in flight.
@@ -119,75 +111,8 @@ impl LuaLoop {
     }
 }
 
-/// One relayed message: publish, wait for its confirm, ack.
-type RelayOne = std::pin::Pin<Box<dyn std::future::Future<Output = lapin::Result<()>> + Send>>;
-
-/// (a2): consumes the requests queue (quorum) with prefetch 1000 and republishes every
-/// delivery to the dispatch exchange, publisher-confirmed and mandatory as the worker does,
-/// acking after the confirm; all of it concurrently, through lapin, the worker's AMQP client,
-/// on two connections as the worker uses (so the ceiling is the broker's and the client's,
-/// not extra work). Spawned on a runtime shaped like the worker's (see [`on_worker_runtime`]).
-/// Returns the elapsed time.
-pub async fn relay(names: Names, n: usize) -> Duration {
-    let (conn, publish_conn) = connection_pair("sendquota-perf-relay").await;
-    let consume = prefetching_channel(&conn, RELAY_PREFETCH).await;
-    let publish = publish_conn.create_channel().await.expect("channel");
-    publish
-        .confirm_select(lapin::options::ConfirmSelectOptions::default())
-        .await
-        .expect("confirm mode");
-    let mut progress = Progress::new("a2 relay", n);
-    let began = Instant::now();
-    let mut consumer = consume_requests(&consume, &names).await;
-    let mut in_flight: FuturesUnordered<RelayOne> = FuturesUnordered::new();
-    let mut done = 0usize;
-    let props = BasicProperties::default()
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2);
-    while done < n {
-        tokio::select! {
-            biased;
-            Some(r) = in_flight.next(), if !in_flight.is_empty() => {
-                r.expect("relay one message");
-                done += 1;
-                progress.add(1);
-            }
-            d = consumer.next() => {
-                let delivery = d.expect("consumer ended").expect("delivery");
-                let (publish, consume) = (publish.clone(), consume.clone());
-                let (exchange, props) = (names.dispatch.clone(), props.clone());
-                in_flight.push(Box::pin(async move {
-                    let options = lapin::options::BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    };
-                    let confirm = publish
-                        .basic_publish(exchange.as_str().into(), "sms".into(), options, &delivery.data, props)
-                        .await?
-                        .await?;
-                    assert_eq!(
-                        confirm,
-                        lapin::Confirmation::Ack(None),
-                        "relay publish not confirmed and routed"
-                    );
-                    consume
-                        .basic_ack(delivery.delivery_tag, lapin::options::BasicAckOptions::default())
-                        .await
-                }));
-            }
-        }
-    }
-    let elapsed = began.elapsed();
-    drop(consumer);
-    // Close the consuming channel first so the broker has its acks before the connection goes.
-    let _ = consume.close(200, "relay done".into()).await;
-    let _ = conn.close(200, "relay done".into()).await;
-    let _ = publish_conn.close(200, "relay done".into()).await;
-    elapsed
-}
-
-/// (a2) once: queue the bodies, relay them, check they all reached the sink, empty it and
-/// the requests queue. Returns the rate, how many messages the broker put back in the
+/// (a2) once, in `shape`: queue the bodies, relay them, check they all reached the sink, empty
+/// it and the requests queue. Returns the rate, how many messages the broker put back in the
 /// requests queue after the relay closed its channel although every delivery had been acked,
 /// and how many more than `bodies` reached the sink (deliveries seen twice).
 pub async fn relay_run(
@@ -195,9 +120,12 @@ pub async fn relay_run(
     bodies: &[Vec<u8>],
     procs: &Procs,
     tally: &mut Tally,
+    shape: RelayShape,
 ) -> (f64, usize, usize) {
     let m = bodies.len();
-    let (took, routed) = broker_phase(env, bodies, procs, tally, "a2", 0, relay).await;
+    let phase = move |names, n| relay(shape, names, n);
+    let (took, routed) =
+        broker_phase(env, bodies, procs, tally, "a2", 0, shape.threads, phase).await;
     assert!(
         routed >= m,
         "the relay lost messages: {routed} of {m} routed"

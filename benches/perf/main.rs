@@ -45,7 +45,9 @@
 //!
 //! `cargo bench --bench perf -- [--decisions N] [--concurrency C] [--pipeline P] [--in-flight F]
 //! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]
-//! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]`
+//! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]
+//! [--relay-shapes ROUNDS]` (`--relay-shapes` runs only (a2) in every shape the relay can take,
+//! alternating, to choose the ceiling's; see `relay`)
 //! (cargo runs the bench executable as `perf-HASH --bench ARGS`; it can be run so directly).
 //!
 //! Layout: `main` parses the flags, runs the phases in this order: warm-up, (a1) with (b), (a2)
@@ -71,6 +73,7 @@ mod phases;
 mod procs;
 mod progress;
 mod queues;
+mod relay;
 mod report;
 mod scrape;
 mod worker;
@@ -107,6 +110,10 @@ async fn main() {
     eprintln!("perf: worker binary {}, {}", worker.bin, worker.describe());
     let mut report = Report::default();
     let mut bench = Bench::open(args.clone()).await;
+    if args.relay_shapes > 0 {
+        phases::end_to_end::compare_relay_shapes(&bench, args.relay_shapes).await;
+        return;
+    }
     phases::decision::warm_up(&mut bench).await;
     // (a1) and (b).
     phases::decision::run(&mut bench, &mut report).await;

@@ -101,9 +101,10 @@ pub async fn connection_pair(role: &str) -> (lapin::Connection, lapin::Connectio
     (consume, publish)
 }
 
-/// Queues `bodies`, runs `phase` on them with [`on_worker_runtime`] and charges the CPU
-/// used meanwhile to `tally` (`published` of the bodies count as sent on). Returns the time
-/// `phase` took and how many messages reached the sink.
+/// Queues `bodies`, runs `phase` on them on a runtime of `threads` threads (see
+/// [`on_runtime`]) and charges the CPU used meanwhile to `tally` (`published` of the bodies
+/// count as sent on). Returns the time `phase` took and how many messages reached the sink.
+#[allow(clippy::too_many_arguments)]
 pub async fn broker_phase<F>(
     env: &TestEnv,
     bodies: &[Vec<u8>],
@@ -111,6 +112,7 @@ pub async fn broker_phase<F>(
     tally: &mut Tally,
     label: &str,
     published: usize,
+    threads: usize,
     phase: impl FnOnce(Names, usize) -> F,
 ) -> (Duration, usize)
 where
@@ -119,21 +121,25 @@ where
     let m = bodies.len();
     prepublish(env, bodies, &format!("{label} pre-publish")).await;
     let before = procs.snap(None).await;
-    let took = on_worker_runtime(phase(env.names.clone(), m))
+    let took = on_runtime(threads, phase(env.names.clone(), m))
         .await
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     tally.add(before, procs.snap(None).await, m, published, took);
     (took, queued(env, &env.dispatched_queue).await)
 }
 
-/// Runs `phase` as a task on a runtime of its own with as many threads as the worker runs on by
-/// default (`worker.threads`), on a thread of its own: the relay and the floor then pay for
-/// their threads what the worker pays for its, not what this process's runtime would.
-pub async fn on_worker_runtime<F>(phase: F) -> Result<Duration, String>
+/// The worker's default runtime threads (`worker.threads`): the floor runs on as many, so it
+/// pays for its threads what the worker pays for its own.
+pub fn worker_threads() -> usize {
+    sendquota::config::WorkerSettings::default().threads
+}
+
+/// Runs `phase` as a task on a runtime of its own with `threads` worker threads, on a thread
+/// of its own, so a phase pays for its threads, not for this process's runtime.
+pub async fn on_runtime<F>(threads: usize, phase: F) -> Result<Duration, String>
 where
     F: std::future::Future<Output = Duration> + Send + 'static,
 {
-    let threads = sendquota::config::WorkerSettings::default().threads;
     let (done, finished) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let ran = sendquota::cli::runtime(threads)

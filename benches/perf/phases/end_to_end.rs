@@ -21,6 +21,7 @@ use crate::keyspace::purge_namespace;
 use crate::procs::{context_switches, proc_number, segments_sent, thread_ticks, Procs, Tally};
 use crate::progress::Progress;
 use crate::queues::{bodies, prepublish, queued};
+use crate::relay::RelayShape;
 use crate::report::{ms, rate, Report};
 use crate::scrape::{counter, histogram, http_get, Histogram};
 use crate::support::TestEnv;
@@ -41,7 +42,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
     let relay_env = TestEnv::with_queue_type("", QueueType::Quorum).await;
     let mut a2 = Tally::default();
     let (first_relay, returned_first, extra_first) =
-        relay_run(&relay_env, &bodies, procs, &mut a2).await;
+        relay_run(&relay_env, &bodies, procs, &mut a2, RelayShape::CEILING).await;
     let mut c_tally = Tally::default();
     let first_worker = worker_run(&bodies, procs, &mut c_tally, worker).await;
     let mut floor = Tally::default();
@@ -50,7 +51,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
     let second_worker = worker_run(&bodies, procs, &mut c_tally, worker).await;
     let e2e = first_worker.merge(second_worker);
     let (second_relay, returned_second, extra_second) =
-        relay_run(&relay_env, &bodies, procs, &mut a2).await;
+        relay_run(&relay_env, &bodies, procs, &mut a2, RelayShape::CEILING).await;
     if returned_first + returned_second + extra_first + extra_second > 0 {
         report.note(format!(
             "(a2) after each relay acked all {m} deliveries and closed its channel, the broker \
@@ -73,7 +74,10 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
         format!("{a2_rate:.0} msgs/s"),
         "",
         None,
-        &format!("runs before/after (c): {first_relay:.0} / {second_relay:.0} msgs/s"),
+        &format!(
+            "runs before/after (c): {first_relay:.0} / {second_relay:.0} msgs/s; {}",
+            RelayShape::CEILING.describe()
+        ),
         None,
     );
     let c = throughput_figures(report, &e2e, m, a2_rate, worker);
@@ -427,4 +431,43 @@ async fn worker_run(
     let e2e = end_to_end(&env, bodies.len(), procs, tally, worker).await;
     purge_namespace(&env, "c cleanup").await;
     e2e
+}
+
+/// `--relay-shapes ROUNDS`: (a2) in every [`RelayShape`], `rounds` alternating rounds, each
+/// shape's rates and median printed: how [`RelayShape::CEILING`] was chosen.
+pub async fn compare_relay_shapes(bench: &Bench, rounds: usize) {
+    let shapes = RelayShape::all();
+    let bodies = bodies(bench.args.messages);
+    let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+    let mut rates = vec![Vec::new(); shapes.len()];
+    for round in 0..rounds {
+        for (i, shape) in shapes.iter().enumerate() {
+            eprintln!(
+                "[a2 shapes] round {}/{rounds}: {}",
+                round + 1,
+                shape.describe()
+            );
+            let mut tally = Tally::default();
+            let (r, _, _) = relay_run(&env, &bodies, &bench.procs, &mut tally, *shape).await;
+            eprintln!("[a2 shapes]   {r:.0} msgs/s");
+            rates[i].push(r);
+        }
+    }
+    println!(
+        "(a2) relay shapes, {} messages a run, {rounds} alternating rounds:",
+        bodies.len()
+    );
+    for (shape, mut r) in shapes.into_iter().zip(rates) {
+        let runs = r
+            .iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" / ");
+        r.sort_by(f64::total_cmp);
+        println!(
+            "  median {:>6.0} msgs/s  ({runs})  {}",
+            r[r.len() / 2],
+            shape.describe()
+        );
+    }
 }

@@ -15,6 +15,7 @@ use crate::procs::{Procs, Tally};
 use crate::progress::Progress;
 use crate::queues::{
     broker_phase, connection_pair, consume_requests, empty_broker_queues, prefetching_channel,
+    worker_threads,
 };
 use crate::support::TestEnv;
 use crate::worker::WorkerChoice;
@@ -90,7 +91,17 @@ pub async fn floor_run(
     let m = bodies.len();
     let shape = worker.in_progress();
     let floor = move |names, n| broker_floor(names, n, shape);
-    let (_, routed) = broker_phase(env, bodies, procs, tally, "d floor", m / 2, floor).await;
+    let (_, routed) = broker_phase(
+        env,
+        bodies,
+        procs,
+        tally,
+        "d floor",
+        m / 2,
+        worker_threads(),
+        floor,
+    )
+    .await;
     assert!(
         routed >= m / 2,
         "the floor run lost messages: {routed} of {} routed",

@@ -12,11 +12,11 @@ use lapin::BasicProperties;
 use sendquota::config::QueueType;
 
 use super::Bench;
-use crate::ceilings::relay;
 use crate::keyspace::purge_namespace;
 use crate::procs::{Procs, Tally};
 use crate::progress::Progress;
-use crate::queues::on_worker_runtime;
+use crate::queues::on_runtime;
+use crate::relay::{relay, RelayShape};
 use crate::report::{ms, Report};
 use crate::support::{request, TestEnv};
 use crate::worker::{WorkerChoice, WorkerProcess};
@@ -118,7 +118,8 @@ async fn latency_run(
     let (process, relaying) = match hop {
         Hop::Worker(worker) => (Some(worker.start(&env).await.0), None),
         Hop::Relay => {
-            let relaying = on_worker_runtime(relay(env.names.clone(), total));
+            let shape = RelayShape::CEILING;
+            let relaying = on_runtime(shape.threads, relay(shape, env.names.clone(), total));
             (None, Some(tokio::spawn(relaying)))
         }
     };

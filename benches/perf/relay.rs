@@ -1,0 +1,205 @@
+//! The no-work relay of (a2) and (g): what RabbitMQ and lapin do on this machine with no
+//! sendquota code in the way, in several shapes, so that the ceiling is the fastest relay that
+//! can be written on lapin rather than one shaped like the worker.
+//!
+//! Every shape consumes the requests queue with prefetch 1000 and republishes every delivery to
+//! the dispatch exchange (mandatory, publisher-confirmed, as the worker does), acking it once
+//! its confirm arrived. Shapes differ in the runtime's threads, whether consuming and
+//! publishing share a connection, and how acks are sent: one per delivery, or coalesced into
+//! `multiple` acks of every delivery confirmed so far. `--relay-shapes` runs them all in
+//! alternating rounds and prints each one's rate; (a2) uses [`RelayShape::CEILING`], the one
+//! that measured fastest (docs/performance.md).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Channel, Confirmation};
+use sendquota::internals::broker::Names;
+use tokio::sync::mpsc;
+
+use crate::progress::Progress;
+use crate::queues::{connection_pair, consume_requests, prefetching_channel};
+
+/// Prefetch of every relay shape. The worker of (c) runs at its own settings.
+pub const RELAY_PREFETCH: u16 = 1000;
+
+/// How acks are sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acks {
+    /// One `basic.ack` per delivery, from the delivery's task, after its confirm.
+    Each,
+    /// One task acks, with `multiple`, every delivery confirmed so far whose tag is contiguous
+    /// with the last one acked: one frame for all the confirms that arrived meanwhile.
+    Coalesced,
+}
+
+/// One way to write the relay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelayShape {
+    /// Runtime worker threads (1: the worker's default).
+    pub threads: usize,
+    /// Whether publishing has a connection of its own (as the worker does) or shares the
+    /// consuming one.
+    pub two_connections: bool,
+    pub acks: Acks,
+}
+
+impl RelayShape {
+    /// The shape (a2) measures with: the fastest of [`RelayShape::ALL`] in this session's
+    /// alternating runs (docs/performance.md).
+    pub const CEILING: RelayShape = RelayShape {
+        threads: 2,
+        two_connections: false,
+        acks: Acks::Coalesced,
+    };
+
+    /// Every shape `--relay-shapes` compares.
+    pub fn all() -> Vec<RelayShape> {
+        let mut out = Vec::new();
+        for threads in [1, 2] {
+            for two_connections in [false, true] {
+                for acks in [Acks::Each, Acks::Coalesced] {
+                    out.push(RelayShape {
+                        threads,
+                        two_connections,
+                        acks,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The shape in words, for the report.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} runtime thread{}, {}, {} acks, a task per delivery, each confirm awaited",
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            if self.two_connections {
+                "consume and publish on two connections"
+            } else {
+                "one connection"
+            },
+            match self.acks {
+                Acks::Each => "single",
+                Acks::Coalesced => "coalesced `multiple`",
+            }
+        )
+    }
+}
+
+/// Relays `n` messages in `shape` on the current runtime. Returns the elapsed time from the
+/// open channels.
+pub async fn relay(shape: RelayShape, names: Names, n: usize) -> Duration {
+    let (conn, publish_conn) = connection_pair("sendquota-perf-relay").await;
+    let consume = prefetching_channel(&conn, RELAY_PREFETCH).await;
+    let publishing = if shape.two_connections {
+        &publish_conn
+    } else {
+        &conn
+    };
+    let publish = publishing.create_channel().await.expect("channel");
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    let mut progress = Progress::new("a2 relay", n);
+    let began = Instant::now();
+    let mut consumer = consume_requests(&consume, &names).await;
+    let (confirmed, acker) = match shape.acks {
+        Acks::Each => (None, None),
+        Acks::Coalesced => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (
+                Some(tx),
+                Some(tokio::spawn(ack_coalesced(consume.clone(), rx))),
+            )
+        }
+    };
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
+    let props = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2);
+    let mut taken = 0usize;
+    let mut done = 0usize;
+    while done < n {
+        tokio::select! {
+            biased;
+            Some(()) = done_rx.recv() => {
+                done += 1;
+                progress.add(1);
+            }
+            d = consumer.next(), if taken < n => {
+                let delivery = d.expect("consumer ended").expect("delivery");
+                taken += 1;
+                let (publish, consume) = (publish.clone(), consume.clone());
+                let (exchange, props) = (names.dispatch.clone(), props.clone());
+                let (confirmed, done_tx) = (confirmed.clone(), done_tx.clone());
+                tokio::spawn(async move {
+                    let options = BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    };
+                    let confirm = publish
+                        .basic_publish(exchange.as_str().into(), "sms".into(), options, &delivery.data, props)
+                        .await
+                        .expect("publish")
+                        .await
+                        .expect("confirm");
+                    assert_eq!(
+                        confirm,
+                        Confirmation::Ack(None),
+                        "relay publish not confirmed and routed"
+                    );
+                    match confirmed {
+                        Some(tx) => {
+                            let _ = tx.send(delivery.delivery_tag);
+                        }
+                        None => consume
+                            .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+                            .await
+                            .expect("ack"),
+                    }
+                    let _ = done_tx.send(());
+                });
+            }
+        }
+    }
+    let elapsed = began.elapsed();
+    drop(confirmed);
+    if let Some(acker) = acker {
+        acker.await.expect("acker task");
+    }
+    drop(consumer);
+    // Close the consuming channel first so the broker has its acks before the connection goes.
+    let _ = consume.close(200, "relay done".into()).await;
+    let _ = conn.close(200, "relay done".into()).await;
+    let _ = publish_conn.close(200, "relay done".into()).await;
+    elapsed
+}
+
+/// Acks confirmed deliveries with `multiple`: after each wake-up it takes every tag confirmed
+/// meanwhile and acks up to the highest one contiguous with those acked before (delivery tags
+/// of a channel count up from 1). Ends, having acked everything, when every sender is gone.
+async fn ack_coalesced(channel: Channel, mut confirmed: mpsc::UnboundedReceiver<u64>) {
+    let mut next = 1u64;
+    let mut waiting = BTreeSet::new();
+    let mut batch = Vec::with_capacity(256);
+    while confirmed.recv_many(&mut batch, 4096).await > 0 {
+        waiting.extend(batch.drain(..));
+        let mut highest = None;
+        while waiting.remove(&next) {
+            highest = Some(next);
+            next += 1;
+        }
+        if let Some(tag) = highest {
+            channel
+                .basic_ack(tag, BasicAckOptions { multiple: true })
+                .await
+                .expect("ack");
+        }
+    }
+}
