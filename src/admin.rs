@@ -308,7 +308,11 @@ async fn check(
         .evaluate(&state.policy, &message, at, false)
         .await
     {
-        Ok(evaluation) => Json(decision::report(&evaluation.verdicts)).into_response(),
+        Ok(evaluation) => Json(decision::report(
+            &evaluation.verdicts,
+            &evaluation.outcome(&state.policy, &message),
+        ))
+        .into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
@@ -347,9 +351,8 @@ async fn peek_quota(
     );
     match peek.await {
         Ok(verdicts) => {
-            let report = decision::report(&verdicts);
-            Json(json!({ "recipient": recipient, "at": at, "rules": report["rules"] }))
-                .into_response()
+            let rules = decision::rules_report(&verdicts);
+            Json(json!({ "recipient": recipient, "at": at, "rules": rules })).into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }

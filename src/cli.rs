@@ -389,7 +389,10 @@ async fn check(
     let out = if evaluation.dispatched {
         decision::duplicate_report()
     } else {
-        decision::report(&evaluation.verdicts)
+        decision::report(
+            &evaluation.verdicts,
+            &evaluation.outcome(&settings.policy, &request),
+        )
     };
     println!("{out}");
     Ok(())
