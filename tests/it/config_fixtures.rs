@@ -43,6 +43,9 @@ refused! {
         or shadow)",
     per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
     too_many_threads => "worker.threads must be at most 1024 (0 = one per CPU)",
+    token_bucket_waiting_past_the_supported_range => "rule \"r\": a send of cost 2000 could wait \
+        732000 days for its tokens (capacity 2000 refilled 1 per 366d), more than the 365000 days \
+        any rule may make a message wait",
 }
 
 #[test]
