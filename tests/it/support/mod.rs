@@ -540,6 +540,29 @@ async fn cleanup(
     }
 }
 
+/// Makes Postgres refuse every denial row of a recipient matching `recipients` (a `LIKE`
+/// pattern) with SQLSTATE `sqlstate` (class 22, a data error) and `message`, as it refuses data
+/// it cannot hold: how tests and the trust bench make a message whose denial cannot be
+/// recorded, which the worker quarantines. The worker refuses up front every payload the
+/// denial history could not store, so no request body does it. `DROP TRIGGER refuse_rows ON
+/// denials` fixes the cause.
+pub async fn refuse_denials_of(pool: &PgPool, recipients: &str, sqlstate: &str, message: &str) {
+    let quote = |s: &str| s.replace('\'', "''");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION refuse_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF NEW.recipient LIKE '{}' THEN RAISE EXCEPTION '{}' USING ERRCODE = '{}'; \
+         END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_rows BEFORE INSERT ON denials FOR EACH ROW \
+         EXECUTE FUNCTION refuse_rows();",
+        quote(recipients),
+        quote(message),
+        quote(sqlstate)
+    )))
+    .execute(pool)
+    .await
+    .expect("the refusing trigger");
+}
+
 /// Declares `queue` (durable) and binds it to `exchange` with `#`: every message published there
 /// lands in it, for a test to read.
 pub async fn declare_sink(channel: &Channel, queue: &str, exchange: &str) {
