@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
-use crate::clock::{parse_instant_or_age, Clock};
+use crate::clock::{in_range, parse_instant_or_age, Clock};
 use crate::config::AdminToken;
 use crate::decision;
 use crate::denials::{DenialFilter, DenialStore};
@@ -282,6 +282,18 @@ async fn denials(
     }
 }
 
+/// The instant a route decides at: `?at=` when it is in the supported range (400 otherwise),
+/// else the worker's clock.
+fn decision_instant(
+    at: Option<DateTime<Utc>>,
+    state: &AdminState,
+) -> Result<DateTime<Utc>, String> {
+    match at.map(in_range).transpose() {
+        Ok(at) => Ok(at.unwrap_or_else(|| state.clock.now())),
+        Err(e) => Err(format!("at: {e}")),
+    }
+}
+
 /// Query of `POST /v1/check`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -302,13 +314,20 @@ async fn check(
         Ok(m) => m,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid message: {e}")),
     };
-    let at = q.at.unwrap_or_else(|| state.clock.now());
+    let at = match decision_instant(q.at, &state) {
+        Ok(at) => at,
+        Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
+    };
     match state
         .limiter
         .evaluate(&state.policy, &message, at, false)
         .await
     {
-        Ok(evaluation) => Json(decision::report(&evaluation.verdicts)).into_response(),
+        Ok(evaluation) => Json(decision::report(
+            &evaluation.verdicts,
+            &evaluation.outcome(&state.policy, &message),
+        ))
+        .into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
@@ -336,7 +355,10 @@ async fn peek_quota(
         Ok(z) => z,
         Err(_) => return error(StatusCode::BAD_REQUEST, "unknown time zone"),
     };
-    let at = q.at.unwrap_or_else(|| state.clock.now());
+    let at = match decision_instant(q.at, &state) {
+        Ok(at) => at,
+        Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
+    };
     let peek = state.limiter.peek(
         &state.policy,
         &recipient,
@@ -347,9 +369,8 @@ async fn peek_quota(
     );
     match peek.await {
         Ok(verdicts) => {
-            let report = decision::report(&verdicts);
-            Json(json!({ "recipient": recipient, "at": at, "rules": report["rules"] }))
-                .into_response()
+            let rules = decision::rules_report(&verdicts);
+            Json(json!({ "recipient": recipient, "at": at, "rules": rules })).into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }

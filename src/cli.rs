@@ -146,8 +146,14 @@ impl FilterArgs {
             rule: self.rule,
             channel: self.channel,
             category: self.category,
-            since: self.since.map(|s| parse_since(&s, now)).transpose()?,
-            until: self.until.map(|s| parse_since(&s, now)).transpose()?,
+            since: self
+                .since
+                .map(|s| parse_since("--since", &s, now))
+                .transpose()?,
+            until: self
+                .until
+                .map(|s| parse_since("--until", &s, now))
+                .transpose()?,
             ..DenialFilter::default()
         })
     }
@@ -286,7 +292,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
     match cli.command {
         Command::Worker { now } => {
             let clock: Arc<dyn Clock> = match now {
-                Some(at) => Arc::new(ManualClock::new(parse_instant(&at)?)),
+                Some(at) => Arc::new(ManualClock::new(parse_instant("--now", &at)?)),
                 None => Arc::new(SystemClock),
             };
             let failpoint = match std::env::var("SENDQUOTA_FAILPOINT").ok() {
@@ -352,15 +358,18 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-fn parse_instant(s: &str) -> Result<DateTime<Utc>, CliError> {
-    DateTime::parse_from_rfc3339(s)
+/// The RFC3339 instant of option `flag`, in the supported range (see [`crate::clock::in_range`]).
+fn parse_instant(flag: &str, s: &str) -> Result<DateTime<Utc>, CliError> {
+    let at = DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| CliError::Input(format!("{s:?} is not an RFC3339 instant: {e}")))
+        .map_err(|e| CliError::Input(format!("{flag} {s:?} is not an RFC3339 instant: {e}")))?;
+    crate::clock::in_range(at).map_err(|e| CliError::Input(format!("{flag}: {e}")))
 }
 
-/// An RFC3339 instant, or an age (`7d`, `36h`, `90m`, `30s`) counted back from `now`.
-pub fn parse_since(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError> {
-    crate::clock::parse_instant_or_age(s, now).map_err(CliError::Input)
+/// Option `flag`'s RFC3339 instant, or an age (`7d`, `36h`, `90m`, `30s`) counted back from
+/// `now`, in the supported range.
+pub fn parse_since(flag: &str, s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError> {
+    crate::clock::parse_instant_or_age(s, now).map_err(|e| CliError::Input(format!("{flag} {e}")))
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -376,7 +385,7 @@ async fn check(
     let request = SendRequest::decode(message.as_bytes(), settings.worker.max_body_bytes)
         .map_err(|e| CliError::Input(format!("invalid message: {e}")))?;
     let now = match at {
-        Some(at) => parse_instant(at)?,
+        Some(at) => parse_instant("--at", at)?,
         None => Utc::now(),
     };
     let redis = RedisConn::connect(&settings.redis)
@@ -389,7 +398,10 @@ async fn check(
     let out = if evaluation.dispatched {
         decision::duplicate_report()
     } else {
-        decision::report(&evaluation.verdicts)
+        decision::report(
+            &evaluation.verdicts,
+            &evaluation.outcome(&settings.policy, &request),
+        )
     };
     println!("{out}");
     Ok(())
@@ -614,7 +626,7 @@ fn progress_bar(len: Option<usize>) -> indicatif::ProgressBar {
 
 async fn prune(settings: &Settings, older_than: &str) -> Result<(), CliError> {
     let now = Utc::now();
-    let cutoff = parse_since(older_than, now)?;
+    let cutoff = parse_since("--older-than", older_than, now)?;
     if cutoff > now {
         return Err(CliError::Input(
             "--older-than must be an age such as 90d".to_owned(),

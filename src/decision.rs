@@ -114,11 +114,20 @@ impl Outcome {
     }
 }
 
-/// Every rule's verdict and the outcome, as `check` and `POST /v1/check` print them.
-pub fn report(verdicts: &[Verdict]) -> serde_json::Value {
-    let rfc3339 = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
-    let outcome = decide(verdicts);
-    let rules: Vec<_> = verdicts
+/// Every rule's verdict and the outcome made of them, as `check` and `POST /v1/check` print
+/// them.
+pub fn report(verdicts: &[Verdict], outcome: &Outcome) -> serde_json::Value {
+    serde_json::json!({
+        "outcome": outcome.name(),
+        "rule": outcome.rule().map(|v| v.rule.clone()),
+        "retry_after": outcome.retry_after().map(rfc3339),
+        "rules": rules_report(verdicts),
+    })
+}
+
+/// Each rule's verdict as [`report`] lists it: also what the quota route shows.
+pub fn rules_report(verdicts: &[Verdict]) -> serde_json::Value {
+    verdicts
         .iter()
         .map(|v| {
             serde_json::json!({
@@ -129,13 +138,11 @@ pub fn report(verdicts: &[Verdict]) -> serde_json::Value {
                 "retry_after": v.retry_after.map(rfc3339),
             })
         })
-        .collect();
-    serde_json::json!({
-        "outcome": outcome.name(),
-        "rule": outcome.rule().map(|v| v.rule.clone()),
-        "retry_after": outcome.retry_after().map(rfc3339),
-        "rules": rules,
-    })
+        .collect()
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
 /// The report of a message whose id was dispatched before: nothing was decided, so no outcome

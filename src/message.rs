@@ -71,15 +71,156 @@ pub enum InvalidMessage {
     /// A string field holds a control character.
     #[error("field `{0}` contains a control character")]
     ControlCharacter(&'static str),
+    /// A string field holds an invisible formatting or bidirectional control character, or a
+    /// line or paragraph separator (see [`format_character`]): ids and names are shown in logs
+    /// and tables, where such a character hides, reorders or breaks what is around it.
+    #[error("field `{field}` contains U+{:04X}, {}", u32::from(*.character), describe(*.character))]
+    FormatCharacter {
+        /// The offending field.
+        field: &'static str,
+        /// The first such character.
+        character: char,
+    },
+    /// A channel or category is not a name of the grammar [`NAME_GRAMMAR`].
+    #[error("field `{field}` {fault}: {NAME_GRAMMAR}")]
+    NotAName {
+        /// The offending field.
+        field: &'static str,
+        /// What breaks the grammar.
+        fault: NameFault,
+    },
+    /// A field holds a JSON value of the wrong type.
+    #[error("field `{field}` must be {expected}, got {got}")]
+    WrongType {
+        /// The offending field.
+        field: &'static str,
+        /// What it must be.
+        expected: &'static str,
+        /// The JSON type it is.
+        got: &'static str,
+    },
+    /// A string escapes half of a UTF-16 surrogate pair alone (`"\ud800"`), which no Unicode
+    /// text can hold.
+    #[error("{}lone surrogate {escape} in a string is not valid Unicode", field.map(|f| format!("field `{f}`: ")).unwrap_or_default())]
+    LoneSurrogate {
+        /// The field it is in, when known (a key of the body is in none).
+        field: Option<&'static str>,
+        /// The escape as written, such as `\ud800`.
+        escape: String,
+    },
+    /// A payload number that Postgres's numeric type, and so the denial history's jsonb copy,
+    /// cannot hold (see [`number_fault`]).
+    #[error(
+        "field `payload` holds the number {number}, which the denial history cannot store: \
+         {fault}"
+    )]
+    UnstorableNumber {
+        /// The number as written (its start, when long).
+        number: String,
+        /// Which of Postgres's limits it passes.
+        fault: &'static str,
+    },
     /// The time zone is not an IANA zone name.
     #[error("unknown time zone {0:?}")]
     UnknownTimeZone(String),
+    /// The payload nests arrays and objects deeper than [`MAX_PAYLOAD_DEPTH`], which the
+    /// denial history's jsonb copy cannot be parsed from.
+    #[error("field `payload` nests arrays and objects deeper than {MAX_PAYLOAD_DEPTH} levels")]
+    TooDeep,
     /// The payload holds a NUL character, which the denial history (jsonb) cannot store.
     #[error("field `payload` contains a NUL character (\\u0000), which cannot be stored")]
     NulInPayload,
-    /// The cost is zero or too large.
-    #[error("field `cost` must be between 1 and {MAX_COST}, got {0}")]
-    BadCost(i64),
+    /// The cost is not a whole number from 1 to [`MAX_COST`]; holds the JSON as written.
+    #[error("field `cost` must be a whole number from 1 to {MAX_COST}, got {0}")]
+    BadCost(String),
+}
+
+/// What a channel or category name is, as reasons and docs state it.
+pub const NAME_GRAMMAR: &str = "a name is one or more words of letters, digits, `_` and `-` \
+    joined by single dots, such as `sms` or `push.ios`";
+
+/// How a channel or category breaks [`NAME_GRAMMAR`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameFault {
+    /// A character outside the words' alphabet (a space, a topic wildcard `*` or `#`, ...).
+    Character(char),
+    /// A leading, trailing or doubled dot.
+    EmptyWord,
+}
+
+impl fmt::Display for NameFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NameFault::Character(c) if c.is_ascii_graphic() => {
+                write!(f, "holds `{c}` (U+{:04X})", u32::from(*c))
+            }
+            NameFault::Character(c) => write!(f, "holds U+{:04X}", u32::from(*c)),
+            NameFault::EmptyWord => {
+                f.write_str("has an empty word (a leading, trailing or doubled dot)")
+            }
+        }
+    }
+}
+
+/// Why `name` is not a channel or category name ([`NAME_GRAMMAR`]), or `None` when it is one.
+/// The channel is the dispatch routing key, so a name never holds a topic wildcard (`*`, `#`)
+/// that would reach senders' bindings as a pattern, nor a space; the category follows the same
+/// grammar, since it appears in keys, metrics and tables beside the channel.
+pub fn name_fault(name: &str) -> Option<NameFault> {
+    if let Some(c) = name
+        .chars()
+        .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Some(NameFault::Character(c));
+    }
+    name.split('.')
+        .any(str::is_empty)
+        .then_some(NameFault::EmptyWord)
+}
+
+/// Characters refused in ids, recipients, channels and categories beside control characters:
+/// every character of Unicode's general category Cf (format: invisible characters such as
+/// U+200B, and the bidirectional controls U+061C, U+200E, U+200F, U+202A..U+202E and
+/// U+2066..U+2069, which reorder the text around them), and the line and paragraph
+/// separators U+2028 and U+2029 (categories Zl, Zp), which break a line where they are shown.
+/// Cf as of Unicode 15.1; the standard library has no table of categories, and this one is
+/// short.
+const FORMAT_RANGES: [(u32, u32); 21] = [
+    (0x00AD, 0x00AD),
+    (0x0600, 0x0605),
+    (0x061C, 0x061C),
+    (0x06DD, 0x06DD),
+    (0x070F, 0x070F),
+    (0x0890, 0x0891),
+    (0x08E2, 0x08E2),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x2028, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x206F),
+    (0xFEFF, 0xFEFF),
+    (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001),
+    (0xE0020, 0xE007F),
+];
+
+/// Whether `c` is refused as a format character or separator (see [`FORMAT_RANGES`]).
+pub fn format_character(c: char) -> bool {
+    let c = u32::from(c);
+    c >= 0xAD && FORMAT_RANGES.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
+}
+
+fn describe(c: char) -> &'static str {
+    if matches!(c, '\u{2028}' | '\u{2029}') {
+        "a line or paragraph separator"
+    } else {
+        "an invisible formatting or bidirectional control character (Unicode category Cf)"
+    }
 }
 
 /// A validated request to send one message to one recipient.
@@ -154,17 +295,23 @@ struct Stored<'a> {
     payload: Option<&'a RawValue>,
 }
 
-/// The wire shape, deserialised before validation. Unknown fields are rejected so that a typo
-/// such as `timezon` is reported instead of silently falling back to the default zone.
+/// The wire shape: each field's JSON text, borrowed from the body, read by [`SendRequest::decode`]
+/// one field at a time so that a reason names the field at fault. Unknown fields are rejected
+/// so that a typo such as `timezon` is reported instead of silently falling back to the
+/// default zone.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Wire {
-    id: Option<String>,
-    recipient: Option<String>,
-    channel: Option<String>,
-    category: Option<String>,
-    timezone: Option<String>,
-    cost: Option<i64>,
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object",
+    bound(deserialize = "'de: 'a")
+)]
+struct Wire<'a> {
+    id: Option<&'a RawValue>,
+    recipient: Option<&'a RawValue>,
+    channel: Option<&'a RawValue>,
+    category: Option<&'a RawValue>,
+    timezone: Option<&'a RawValue>,
+    cost: Option<&'a RawValue>,
     #[serde(default)]
     payload: Option<Box<RawValue>>,
 }
@@ -178,35 +325,42 @@ impl SendRequest {
                 limit: max_body_bytes,
             });
         }
-        let wire: Wire = serde_json::from_slice(body)
-            .map_err(|e| InvalidMessage::Malformed(one_line(&e.to_string())))?;
+        let wire: Wire = serde_json::from_slice(body).map_err(|e| malformed(None, body, &e))?;
+        // serde would also take the fields in order from an array.
+        if body.trim_ascii_start().first() != Some(&b'{') {
+            let got = json_type(std::str::from_utf8(body.trim_ascii_start()).unwrap_or_default());
+            return Err(InvalidMessage::Malformed(format!(
+                "expected a JSON object, got {got}"
+            )));
+        }
         let id = short_string("id", required("id", wire.id, MAX_ID_CHARS)?)?;
         let recipient = required("recipient", wire.recipient, MAX_RECIPIENT_CHARS)?;
-        let channel = short_string(
+        let channel = name(
             "channel",
             required("channel", wire.channel, MAX_NAME_CHARS)?,
         )?;
-        let category = match wire.category {
-            Some(c) => checked("category", c, MAX_NAME_CHARS)?,
+        let category = match optional("category", wire.category, MAX_NAME_CHARS)? {
+            Some(c) => name("category", c)?,
             None => "default".to_owned(),
         };
-        let timezone = match wire.timezone {
+        let timezone = match text("timezone", wire.timezone)? {
             Some(name) => Some(
                 name.parse::<Tz>()
                     .map_err(|_| InvalidMessage::UnknownTimeZone(name))?,
             ),
             None => None,
         };
-        let cost = match wire.cost {
+        let cost = match wire.cost.map(RawValue::get) {
             None => 1,
-            Some(c) if (1..=i64::from(MAX_COST)).contains(&c) => c as u32,
-            Some(c) => return Err(InvalidMessage::BadCost(c)),
+            Some(raw) => raw
+                .parse::<u32>()
+                .ok()
+                .filter(|c| (1..=MAX_COST).contains(c))
+                .ok_or_else(|| InvalidMessage::BadCost(echo(raw)))?,
         };
         if let Some(payload) = &wire.payload {
-            let Scan { nul } = serde_json::from_str(payload.get())
-                .map_err(|e| InvalidMessage::Malformed(one_line(&format!("payload: {e}"))))?;
-            if nul {
-                return Err(InvalidMessage::NulInPayload);
+            if let Some(fault) = payload_fault(payload.get()) {
+                return Err(fault);
             }
         }
         Ok(SendRequest {
@@ -222,7 +376,9 @@ impl SendRequest {
 
     /// The request as JSON, defaults left out: what a denial row keeps and a replay publishes.
     /// It decodes to an equal request and is never longer than a compact original, so a
-    /// request accepted at the size limit can still be replayed.
+    /// request accepted at the size limit can still be replayed. As a tree, for tools and
+    /// tests: a payload number beyond f64 makes it `null`, where [`SendRequest::to_json_text`]
+    /// keeps it exactly.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self.stored()).unwrap_or(serde_json::Value::Null)
     }
@@ -275,85 +431,77 @@ pub fn one_line(text: &str) -> String {
     out
 }
 
-/// A payload walked the way serde_json builds a tree, without building one. The raw text is
-/// only known to be JSON syntax; this pass refuses what a tree could not hold (a number out of
-/// f64 range, which Postgres would store but the denial history could then not read back) and
-/// notes a NUL in a string or key, which the history cannot store.
-struct Scan {
-    nul: bool,
-}
-
-/// What every value without text (a number, a boolean, null) scans to.
-const NO_NUL: Scan = Scan { nul: false };
-
-impl<'de> Deserialize<'de> for Scan {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Scan, D::Error> {
-        deserializer.deserialize_any(ScanVisitor)
-    }
-}
-
-struct ScanVisitor;
-
-impl<'de> serde::de::Visitor<'de> for ScanVisitor {
-    type Value = Scan;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Scan, E> {
-        Ok(NO_NUL)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Scan, E> {
-        Ok(NO_NUL)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Scan, E> {
-        Ok(NO_NUL)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Scan, E> {
-        Ok(NO_NUL)
-    }
-
-    fn visit_unit<E>(self) -> Result<Scan, E> {
-        Ok(NO_NUL)
-    }
-
-    fn visit_str<E>(self, text: &str) -> Result<Scan, E> {
-        Ok(Scan {
-            nul: text.contains('\0'),
-        })
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<Scan, A::Error> {
-        let mut nul = false;
-        while let Some(item) = items.next_element::<Scan>()? {
-            nul |= item.nul;
-        }
-        Ok(Scan { nul })
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut entries: A) -> Result<Scan, A::Error> {
-        let mut nul = false;
-        while let Some((key, value)) = entries.next_entry::<Scan, Scan>()? {
-            nul |= key.nul || value.nul;
-        }
-        Ok(Scan { nul })
-    }
-}
-
+/// A required string field, checked as [`optional`] does.
 fn required(
     field: &'static str,
-    value: Option<String>,
+    raw: Option<&RawValue>,
     limit: usize,
 ) -> Result<String, InvalidMessage> {
-    checked(
-        field,
-        value.ok_or(InvalidMessage::MissingField(field))?,
-        limit,
-    )
+    optional(field, raw, limit)?.ok_or(InvalidMessage::MissingField(field))
+}
+
+/// A string field when present: not empty, at most `limit` characters, and free of control
+/// and format characters.
+fn optional(
+    field: &'static str,
+    raw: Option<&RawValue>,
+    limit: usize,
+) -> Result<Option<String>, InvalidMessage> {
+    let Some(value) = text(field, raw)? else {
+        return Ok(None);
+    };
+    if value.is_empty() {
+        return Err(InvalidMessage::Empty(field));
+    }
+    let len = value.chars().count();
+    if len > limit {
+        return Err(InvalidMessage::TooLong { field, len, limit });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(InvalidMessage::ControlCharacter(field));
+    }
+    if let Some(character) = value.chars().find(|&c| format_character(c)) {
+        return Err(InvalidMessage::FormatCharacter { field, character });
+    }
+    Ok(Some(value))
+}
+
+/// A field's JSON text read as a string, with a reason naming the field when it is not one.
+fn text(field: &'static str, raw: Option<&RawValue>) -> Result<Option<String>, InvalidMessage> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let json = raw.get();
+    if !json.starts_with('"') {
+        return Err(InvalidMessage::WrongType {
+            field,
+            expected: "a string",
+            got: json_type(json),
+        });
+    }
+    serde_json::from_str(json)
+        .map(Some)
+        .map_err(|e| malformed(Some(field), json.as_bytes(), &e))
+}
+
+/// The JSON type of a value's text (known to be JSON), for reasons.
+fn json_type(json: &str) -> &'static str {
+    match json.as_bytes().first() {
+        Some(b'"') => "a string",
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
+}
+
+/// A channel or category: `value` when it is a name of [`NAME_GRAMMAR`].
+fn name(field: &'static str, value: String) -> Result<String, InvalidMessage> {
+    match name_fault(&value) {
+        Some(fault) => Err(InvalidMessage::NotAName { field, fault }),
+        None => Ok(value),
+    }
 }
 
 /// `value` when it fits in an AMQP short string.
@@ -367,18 +515,196 @@ fn short_string(field: &'static str, value: String) -> Result<String, InvalidMes
     Ok(value)
 }
 
-fn checked(field: &'static str, value: String, limit: usize) -> Result<String, InvalidMessage> {
-    if value.is_empty() {
-        return Err(InvalidMessage::Empty(field));
+/// Longest piece of a producer's value a reason repeats.
+const ECHO_CHARS: usize = 40;
+
+/// `text` as a reason repeats it: one line, cut after [`ECHO_CHARS`] characters.
+fn echo(text: &str) -> String {
+    let mut out = one_line(&text.chars().take(ECHO_CHARS).collect::<String>());
+    if text.chars().nth(ECHO_CHARS).is_some() {
+        out.push_str("...");
     }
-    let len = value.chars().count();
-    if len > limit {
-        return Err(InvalidMessage::TooLong { field, len, limit });
+    out
+}
+
+/// The reason for a body (or a field's `json`) serde_json refused. Its messages are kept where
+/// they say what is wrong; a lone surrogate, of which serde_json says "unexpected end of hex
+/// escape", is named here.
+fn malformed(field: Option<&'static str>, json: &[u8], e: &serde_json::Error) -> InvalidMessage {
+    let message = e.to_string();
+    if message.starts_with("unexpected end of hex escape")
+        || message.starts_with("lone leading surrogate in hex escape")
+    {
+        if let Some(escape) = std::str::from_utf8(json).ok().and_then(lone_surrogate) {
+            return InvalidMessage::LoneSurrogate { field, escape };
+        }
     }
-    if value.chars().any(char::is_control) {
-        return Err(InvalidMessage::ControlCharacter(field));
+    InvalidMessage::Malformed(one_line(&message))
+}
+
+/// The first lone surrogate escape in the strings of `json` (known to be JSON syntax), as
+/// written.
+fn lone_surrogate(json: &str) -> Option<String> {
+    match scan(json) {
+        Some(Fault::LoneSurrogate(at)) => json.get(at..at + 6).map(str::to_owned),
+        _ => None,
     }
-    Ok(value)
+}
+
+/// Why the denial history could not store a payload (`json`, known to be JSON syntax): a NUL
+/// character, a lone surrogate, or a number beyond Postgres's numeric. One pass over the text,
+/// allocating nothing unless it finds one: the payload is never built into a tree.
+fn payload_fault(json: &str) -> Option<InvalidMessage> {
+    Some(match scan(json)? {
+        Fault::Nul => InvalidMessage::NulInPayload,
+        Fault::LoneSurrogate(at) => InvalidMessage::LoneSurrogate {
+            field: Some("payload"),
+            escape: json.get(at..at + 6).unwrap_or_default().to_owned(),
+        },
+        Fault::TooDeep => InvalidMessage::TooDeep,
+        Fault::Number(at, end, fault) => InvalidMessage::UnstorableNumber {
+            number: echo(json.get(at..end).unwrap_or_default()),
+            fault,
+        },
+    })
+}
+
+/// What [`scan`] found, with its byte offset in the text.
+enum Fault {
+    /// A `\u0000` escape in a string or key.
+    Nul,
+    /// A `\uD800`..`\uDFFF` escape that is not half of a pair.
+    LoneSurrogate(usize),
+    /// A number (from, to) that Postgres's numeric cannot hold, and why.
+    Number(usize, usize, &'static str),
+    /// Arrays and objects nested deeper than [`MAX_PAYLOAD_DEPTH`].
+    TooDeep,
+}
+
+/// Deepest nesting of arrays and objects in a payload. Postgres parses jsonb recursively and
+/// refuses a deep one with "stack depth limit exceeded" (SQLSTATE 54001: 30,000 levels fail
+/// at the default `max_stack_depth`), a failure that looks like the service's and would be
+/// retried for ever; 127 is what serde_json allows inside the request object.
+pub const MAX_PAYLOAD_DEPTH: usize = 127;
+
+/// The first fault in `json` (known to be JSON syntax: serde_json checked it, escapes and
+/// numbers included, but lets a lone surrogate through in text it does not decode).
+fn scan(json: &str) -> Option<Fault> {
+    let bytes = json.as_bytes();
+    let mut i = 0;
+    let mut depth = 0;
+    while let Some(&b) = bytes.get(i) {
+        i = match b {
+            b'[' | b'{' if depth == MAX_PAYLOAD_DEPTH => return Some(Fault::TooDeep),
+            b'[' | b'{' => {
+                depth += 1;
+                i + 1
+            }
+            b']' | b'}' => {
+                depth = depth.saturating_sub(1);
+                i + 1
+            }
+            b'"' => match scan_string(bytes, i + 1) {
+                Ok(end) => end,
+                Err(fault) => return Some(fault),
+            },
+            b'-' | b'0'..=b'9' => {
+                let end = i + bytes[i..]
+                    .iter()
+                    .take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
+                    .count();
+                if let Some(fault) = json.get(i..end).and_then(number_fault) {
+                    return Some(Fault::Number(i, end, fault));
+                }
+                end
+            }
+            _ => i + 1,
+        };
+    }
+    None
+}
+
+/// Walks a string from just after its opening quote to just after its closing one.
+fn scan_string(bytes: &[u8], mut i: usize) -> Result<usize, Fault> {
+    while let Some(&b) = bytes.get(i) {
+        match (b, bytes.get(i + 1)) {
+            (b'"', _) => return Ok(i + 1),
+            (b'\\', Some(b'u')) => match hex_unit(bytes, i) {
+                Some(0) => return Err(Fault::Nul),
+                Some(0xD800..=0xDBFF)
+                    if matches!(hex_unit(bytes, i + 6), Some(0xDC00..=0xDFFF)) =>
+                {
+                    i += 12
+                }
+                Some(0xD800..=0xDFFF) => return Err(Fault::LoneSurrogate(i)),
+                _ => i += 6,
+            },
+            (b'\\', _) => i += 2,
+            _ => i += 1,
+        }
+    }
+    Ok(i)
+}
+
+/// The UTF-16 unit of the `\uXXXX` escape at `at`, if one is there.
+fn hex_unit(bytes: &[u8], at: usize) -> Option<u32> {
+    let escape = bytes.get(at..at + 6)?;
+    if !escape.starts_with(b"\\u") {
+        return None;
+    }
+    u32::from_str_radix(std::str::from_utf8(&escape[2..]).ok()?, 16).ok()
+}
+
+/// Most digits Postgres's numeric keeps before the decimal point: the first significant
+/// digit's weight in base 10,000 is an int16 (32767), so 4 × 32768.
+pub const MAX_DIGITS_BEFORE_POINT: i64 = 131_072;
+/// Most digits Postgres's numeric keeps after the decimal point (its display scale, 14 bits),
+/// counting the zeros written at the end.
+pub const MAX_DIGITS_AFTER_POINT: i64 = 16_383;
+/// Postgres 15 refuses an exponent of this size or more before anything else (`INT_MAX / 2`),
+/// even for zero.
+const MAX_EXPONENT: u64 = 1_073_741_823;
+
+/// Why Postgres's numeric, which jsonb stores numbers in, cannot hold the JSON number `text`,
+/// or `None` when it can. Postgres computes, from the digits as written: the display scale,
+/// the fraction's digits (trailing zeros included) less the exponent, at most
+/// [`MAX_DIGITS_AFTER_POINT`]; and the position of the first significant digit, which must be
+/// within [`MAX_DIGITS_BEFORE_POINT`] digits before the point. So `1e131071` and `1e-16383`
+/// are stored, `1e131072`, `1e-16384` and `1.0e-16383` are not (tested against Postgres).
+pub fn number_fault(text: &str) -> Option<&'static str> {
+    let unsigned = text.strip_prefix('-').unwrap_or(text);
+    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
+        Some(at) => (&unsigned[..at], &unsigned[at + 1..]),
+        None => (unsigned, "0"),
+    };
+    let Some(exponent) = exponent
+        .parse::<i64>()
+        .ok()
+        .filter(|e| e.unsigned_abs() < MAX_EXPONENT)
+    else {
+        return Some("Postgres's numeric takes an exponent below 1073741823 in size");
+    };
+    let (int, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if fraction.len() as i64 - exponent > MAX_DIGITS_AFTER_POINT {
+        return Some(
+            "Postgres's numeric keeps at most 16383 digits after the decimal point, zeros \
+             written at the end included",
+        );
+    }
+    // JSON writes no leading zeros: the integer part is "0" or starts with its first
+    // significant digit.
+    let first_significant = if int != "0" {
+        Some(int.len() as i64 - 1)
+    } else {
+        fraction
+            .bytes()
+            .position(|d| d != b'0')
+            .map(|k| -(k as i64) - 1)
+    };
+    if first_significant.is_some_and(|p| p + exponent >= MAX_DIGITS_BEFORE_POINT) {
+        return Some("Postgres's numeric keeps at most 131072 digits before the decimal point");
+    }
+    None
 }
 
 #[cfg(test)]
@@ -386,24 +712,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_id_or_channel_over_255_bytes_is_refused_though_within_its_characters() {
-        let channel = "\u{1F600}".repeat(64);
-        let body = format!(r#"{{"id":"e1","recipient":"r","channel":"{channel}"}}"#);
-        assert_eq!(
-            SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES),
-            Err(InvalidMessage::TooManyBytes {
-                field: "channel",
-                bytes: 256
-            })
-        );
+    fn an_id_over_255_bytes_is_refused_though_within_its_characters() {
         let id = "\u{00E9}".repeat(128);
         let body = format!(r#"{{"id":"{id}","recipient":"r","channel":"sms"}}"#);
         assert_eq!(
             SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES).map_err(|e| e.to_string()),
             Err("field `id` is 256 bytes in UTF-8, more than AMQP's limit of 255".to_owned())
         );
-        let fits = "\u{1F600}".repeat(63);
-        let body = format!(r#"{{"id":"e1","recipient":"r","channel":"{fits}"}}"#);
+        let fits = "\u{00E9}".repeat(127);
+        let body = format!(r#"{{"id":"{fits}","recipient":"r","channel":"sms"}}"#);
         assert!(SendRequest::decode(body.as_bytes(), DEFAULT_MAX_BODY_BYTES).is_ok());
     }
 
@@ -451,7 +768,7 @@ mod tests {
             ),
             (
                 r#"{"id":"m","recipient":"u","channel":"sms","cost":0}"#,
-                "field `cost` must be between 1 and 1000000, got 0",
+                "field `cost` must be a whole number from 1 to 1000000, got 0",
             ),
             (
                 r#"{"id":"m","recipient":"u","channel":"sms","timezone":"Mars/Olympus"}"#,
@@ -488,16 +805,264 @@ mod tests {
     }
 
     #[test]
-    fn a_payload_number_beyond_f64_is_malformed_as_when_the_payload_was_parsed_whole() {
-        let err = decode(r#"{"id":"m","recipient":"u","channel":"sms","payload":{"e":1e400}}"#);
-        assert!(
-            matches!(&err, Err(InvalidMessage::Malformed(e)) if e.starts_with("payload: number out of range")),
-            "{err:?}"
+    fn channels_and_categories_are_dot_separated_words_and_nothing_else() {
+        for good in [
+            "sms",
+            "push.ios",
+            "e-mail",
+            "a_b.C-9.x",
+            "0",
+            "sms.eu.transactional",
+        ] {
+            assert_eq!(name_fault(good), None, "{good}");
+            let body =
+                format!(r#"{{"id":"m","recipient":"u","channel":"{good}","category":"{good}"}}"#);
+            assert!(decode(&body).is_ok(), "{body}");
+        }
+        for (bad, fault) in [
+            (" ", NameFault::Character(' ')),
+            ("sms.#", NameFault::Character('#')),
+            ("sms.*", NameFault::Character('*')),
+            ("#", NameFault::Character('#')),
+            ("sms ios", NameFault::Character(' ')),
+            ("sms/ios", NameFault::Character('/')),
+            ("sms:ios", NameFault::Character(':')),
+            ("sm\u{e9}", NameFault::Character('\u{e9}')),
+            (".sms", NameFault::EmptyWord),
+            ("sms.", NameFault::EmptyWord),
+            ("sms..ios", NameFault::EmptyWord),
+            (".", NameFault::EmptyWord),
+        ] {
+            assert_eq!(name_fault(bad), Some(fault), "{bad:?}");
+            let body = serde_json::json!({"id": "m", "recipient": "u", "channel": bad}).to_string();
+            assert_eq!(
+                decode(&body),
+                Err(InvalidMessage::NotAName {
+                    field: "channel",
+                    fault
+                }),
+                "{bad:?}"
+            );
+            let body = serde_json::json!({"id": "m", "recipient": "u", "channel": "sms",
+                "category": bad})
+            .to_string();
+            assert_eq!(
+                decode(&body),
+                Err(InvalidMessage::NotAName {
+                    field: "category",
+                    fault
+                }),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            decode(r#"{"id":"m","recipient":"u","channel":"sms.#"}"#).map_err(|e| e.to_string()),
+            Err(
+                "field `channel` holds `#` (U+0023): a name is one or more words of letters, \
+                 digits, `_` and `-` joined by single dots, such as `sms` or `push.ios`"
+                    .to_owned()
+            )
         );
-        assert!(decode(
-            r#"{"id":"m","recipient":"u","channel":"sms","payload":[1e300,18446744073709551616]}"#
-        )
-        .is_ok());
+    }
+
+    #[test]
+    fn format_characters_and_line_separators_are_refused_in_every_text_field() {
+        for c in [
+            '\u{ad}',
+            '\u{61c}',
+            '\u{200b}',
+            '\u{200d}',
+            '\u{200e}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{202a}',
+            '\u{202e}',
+            '\u{2060}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{feff}',
+            '\u{fff9}',
+            '\u{1343f}',
+            '\u{e0001}',
+            '\u{e007f}',
+        ] {
+            assert!(format_character(c), "U+{:04X}", u32::from(c));
+            for field in ["id", "recipient", "channel", "category"] {
+                let mut body = serde_json::json!({"id": "m", "recipient": "u", "channel": "sms"});
+                body[field] = format!("a{c}b").into();
+                assert_eq!(
+                    decode(&body.to_string()),
+                    Err(InvalidMessage::FormatCharacter {
+                        field,
+                        character: c
+                    }),
+                    "U+{:04X} in {field}",
+                    u32::from(c)
+                );
+            }
+        }
+        for c in [
+            'a',
+            ' ',
+            '\u{a0}',
+            '\u{2027}',
+            '\u{202f}',
+            '\u{2065}',
+            '\u{fffc}',
+            '\u{1f600}',
+        ] {
+            assert!(!format_character(c), "U+{:04X}", u32::from(c));
+        }
+        let reason = |recipient: &str| {
+            decode(
+                &serde_json::json!({"id": "m", "recipient": recipient, "channel": "sms"})
+                    .to_string(),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert_eq!(
+            reason("evil\u{202e}gpj.exe"),
+            "field `recipient` contains U+202E, an invisible formatting or bidirectional control \
+             character (Unicode category Cf)"
+        );
+        assert_eq!(
+            reason("a\u{2028}b"),
+            "field `recipient` contains U+2028, a line or paragraph separator"
+        );
+    }
+
+    #[test]
+    fn payload_numbers_are_refused_exactly_where_postgres_numeric_ends() {
+        for stored in [
+            "0",
+            "-0",
+            "1e400",
+            "1e131071",
+            "-9.9e131071",
+            "10e131070",
+            "0.001e131074",
+            "0.5e131072",
+            "1e-16383",
+            "1.5e-16382",
+            "123.456e-16380",
+            "0e-16383",
+            "0e131072",
+            "0e1073741822",
+            "-0.0E+1073741822",
+            "1E+131071",
+            "123456789012345678901234567890",
+        ] {
+            assert_eq!(number_fault(stored), None, "{stored}");
+        }
+        let before =
+            Some("Postgres's numeric keeps at most 131072 digits before the decimal point");
+        let after = Some(
+            "Postgres's numeric keeps at most 16383 digits after the decimal point, zeros \
+             written at the end included",
+        );
+        let exponent = Some("Postgres's numeric takes an exponent below 1073741823 in size");
+        for (refused, fault) in [
+            ("1e131072", before),
+            ("-1e+131072", before),
+            ("10e131071", before),
+            ("0.001e131075", before),
+            ("1e-16384", after),
+            ("1.0e-16383", after),
+            ("1.50e-16382", after),
+            ("0e-16384", after),
+            ("-0e-16384", after),
+            ("1e-20000", after),
+            ("0e1073741823", exponent),
+            ("0e-1073741823", exponent),
+            ("1e99999999999999999999", exponent),
+        ] {
+            assert_eq!(number_fault(refused), fault, "{refused}");
+        }
+        let body = r#"{"id":"m","recipient":"u","channel":"sms","payload":{"a":["x",1e-20000]}}"#;
+        assert_eq!(
+            decode(body).map_err(|e| e.to_string()),
+            Err(
+                "field `payload` holds the number 1e-20000, which the denial history cannot \
+                 store: Postgres's numeric keeps at most 16383 digits after the decimal point, \
+                 zeros written at the end included"
+                    .to_owned()
+            )
+        );
+        let long = format!("1{}e-16383", ".".to_owned() + &"0".repeat(50));
+        let body = format!(r#"{{"id":"m","recipient":"u","channel":"sms","payload":{long}}}"#);
+        assert!(
+            matches!(decode(&body), Err(InvalidMessage::UnstorableNumber { number, .. })
+                if number == format!("{}...", &long[..40])),
+        );
+        let inside =
+            r#"{"id":"m","recipient":"u","channel":"sms","payload":{"1e-20000":"1e-20000"}}"#;
+        assert!(decode(inside).is_ok(), "numbers in strings are text");
+        let beyond_f64 =
+            decode(r#"{"id":"m","recipient":"u","channel":"sms","payload":{"e":1e400}}"#)
+                .expect("a number beyond f64 passes through");
+        assert_eq!(
+            beyond_f64.payload.map(|p| p.text().to_owned()),
+            Some(r#"{"e":1e400}"#.to_owned())
+        );
+    }
+
+    #[test]
+    fn reasons_name_the_field_and_the_real_problem_instead_of_the_parser_s_words() {
+        let cases = [
+            (r#"{"id":"\ud800","recipient":"u","channel":"sms"}"#,
+                r"field `id`: lone surrogate \ud800 in a string is not valid Unicode"),
+            (r#"{"id":"m","recipient":"a\uDC00b","channel":"sms"}"#,
+                r"field `recipient`: lone surrogate \uDC00 in a string is not valid Unicode"),
+            (r#"{"id":"m","recipient":"u","channel":"sms","payload":["\ud83d\ude00","\ud83d x"]}"#,
+                r"field `payload`: lone surrogate \ud83d in a string is not valid Unicode"),
+            (r#"{"\ud800":1,"id":"m","recipient":"u","channel":"sms"}"#,
+                r"lone surrogate \ud800 in a string is not valid Unicode"),
+            (r#"{"id":5,"recipient":"u","channel":"sms"}"#,
+                "field `id` must be a string, got a number"),
+            (r#"{"id":"m","recipient":["u"],"channel":"sms"}"#,
+                "field `recipient` must be a string, got an array"),
+            (r#"{"id":"m","recipient":"u","channel":"sms","timezone":true}"#,
+                "field `timezone` must be a string, got a boolean"),
+            (r#"{"id":"m","recipient":"u","channel":"sms","cost":1.5}"#,
+                "field `cost` must be a whole number from 1 to 1000000, got 1.5"),
+            (r#"{"id":"m","recipient":"u","channel":"sms","cost":"3"}"#,
+                "field `cost` must be a whole number from 1 to 1000000, got \"3\""),
+            (r#"{"id":"m","recipient":"u","channel":"sms","cost":1e400}"#,
+                "field `cost` must be a whole number from 1 to 1000000, got 1e400"),
+            (r#"[1]"#, "not a valid send request: invalid length 1, expected a JSON object at line 1 column 3"),
+            (r#" ["m","u","sms",null,null,null] "#, "not a valid send request: expected a JSON object, got an array"),
+            (r#""m""#, "not a valid send request: invalid type: string \"m\", expected a JSON object at line 1 column 3"),
+        ];
+        for (body, reason) in cases {
+            assert_eq!(decode(body).unwrap_err().to_string(), reason, "{body}");
+        }
+        let deep = format!(
+            r#"{{"id":"m","recipient":"u","channel":"sms","payload":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert_eq!(decode(&deep), Err(InvalidMessage::TooDeep));
+        let deepest = format!(
+            r#"{{"id":"m","recipient":"u","channel":"sms","payload":{}{{}}{}}}"#,
+            "[".repeat(126),
+            "]".repeat(126)
+        );
+        assert!(decode(&deepest).is_ok());
+        let one_more = format!(
+            r#"{{"id":"m","recipient":"u","channel":"sms","payload":{}{{}}{}}}"#,
+            "[".repeat(127),
+            "]".repeat(127)
+        );
+        assert_eq!(decode(&one_more), Err(InvalidMessage::TooDeep));
+        assert_eq!(
+            decode(
+                r#"{"id":"m","recipient":"u","channel":"sms","payload":"\ud83d\ude00 \\ud800"}"#
+            )
+            .map(|m| m.payload.map(|p| p.to_value())),
+            Ok(Some(serde_json::json!("\u{1f600} \\ud800"))),
+            "a pair, and an escaped backslash before ud800, are not lone surrogates"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
-use crate::decision::{self, Outcome, Verdict};
+use crate::decision::{Outcome, Verdict};
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::failpoint::{self, Failpoint};
@@ -138,9 +138,7 @@ impl Pipeline {
         for v in &evaluation.verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
         }
-        let outcome = decision::decide(&evaluation.verdicts)
-            .postponed(|t| Limiter::admissible_after(&self.policy, &message, t));
-        match outcome {
+        match evaluation.outcome(&self.policy, &message) {
             Outcome::Allow { shadow_refusals } => {
                 self.dispatch(&decoded, claim, shadow_refusals).await
             }

@@ -49,6 +49,10 @@ pub enum StartupError {
     /// The admin API could not listen.
     #[error("admin API: {0}")]
     Admin(std::io::Error),
+    /// The worker's clock reads an instant outside the supported range: every decision would
+    /// be made at a wrong instant.
+    #[error("the worker's clock: {0}")]
+    Clock(#[from] crate::clock::OutOfRange),
 }
 
 /// Runs the worker until `shutdown` completes, then drains in-flight messages.
@@ -58,6 +62,7 @@ pub async fn run(
     failpoint: Option<Failpoint>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartupError> {
+    crate::clock::in_range(clock.now())?;
     telemetry::prometheus();
     metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
         .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);

@@ -5,6 +5,8 @@ use serde::Serialize;
 
 use super::leaky_bucket::{self, Bucket};
 use super::params::{human_ms, Params};
+use crate::clock::MAX_WAIT_DAYS;
+use crate::message::MAX_COST;
 
 /// A token bucket: `capacity` tokens, refilled `rate` per `period_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -27,6 +29,21 @@ pub(super) fn parse(p: &mut Params<'_>) -> Result<TokenBucket, String> {
         return Err(format!(
             "cost ({cost}) is larger than capacity ({}): no send could ever pass",
             bucket.capacity
+        ));
+    }
+    // The longest wait: a send of the largest cost that can pass, from an empty bucket.
+    let need = cost.unwrap_or(MAX_COST).min(bucket.capacity);
+    let period_ms = u128::from(bucket.period_ms.unsigned_abs());
+    let longest_ms = (u128::from(need) * period_ms).div_ceil(u128::from(bucket.rate));
+    let longest_days = longest_ms.div_ceil(86_400_000);
+    if longest_days > u128::from(MAX_WAIT_DAYS.unsigned_abs()) {
+        return Err(format!(
+            "a send of cost {need} could wait {longest_days} days for its tokens (capacity {} \
+             refilled {} per {}), more than the {MAX_WAIT_DAYS} days any rule may make a \
+             message wait",
+            bucket.capacity,
+            bucket.rate,
+            human_ms(bucket.period_ms)
         ));
     }
     Ok(TokenBucket { bucket, cost })

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
 use crate::claim::Claim;
-use crate::decision::Verdict;
+use crate::decision::{self, Outcome, Verdict};
 use crate::dedup;
 use crate::deny_cache::{self, DenyCache};
 use crate::kinds::{calendar, Kind};
@@ -374,7 +374,7 @@ impl Limiter {
     /// keeps quiet, in the message's zone. Counting rules only free up as time passes (when
     /// nothing else is sent meanwhile), so past the refusing rules' `retry_after` the quiet
     /// periods are what can still refuse.
-    pub fn admissible_after(
+    fn admissible_after(
         policy: &Policy,
         message: &SendRequest,
         mut t: DateTime<Utc>,
@@ -635,6 +635,15 @@ struct ScopesRun<'r> {
 }
 
 impl Evaluation {
+    /// What happens to `message`: [`decision::decide`] on these verdicts, with a denial's
+    /// `retry_after` and a delay's end moved past the quiet periods of the quiet-hours rules
+    /// matching it (a rule that admits now can refuse then). The one way an outcome is made,
+    /// so the worker, `check` and `POST /v1/check` cannot tell a message different instants.
+    pub fn outcome(&self, policy: &Policy, message: &SendRequest) -> Outcome {
+        decision::decide(&self.verdicts)
+            .postponed(|t| Limiter::admissible_after(policy, message, t))
+    }
+
     fn decided(verdicts: Vec<Verdict>, committed: bool) -> Evaluation {
         Evaluation {
             verdicts,

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::{Match, OnDeny, Policy, Rule, Scope};
 use crate::kinds::Kind;
-use crate::message::one_line;
+use crate::message::{name_fault, one_line, MAX_NAME_CHARS, NAME_GRAMMAR};
 
 /// Longest rule name; names are part of Redis keys and denial rows.
 const MAX_RULE_NAME: usize = 64;
@@ -100,6 +100,8 @@ impl Policy {
             }
             let kind = Kind::from_params(&r.kind, &r.params).map_err(fail)?;
             let matcher = r.matcher.unwrap_or_default();
+            check_match("channels", &matcher.channels).map_err(fail)?;
+            check_match("categories", &matcher.categories).map_err(fail)?;
             rules.push(Rule {
                 kind,
                 matcher: Match {
@@ -116,6 +118,24 @@ impl Policy {
             rules,
         })
     }
+}
+
+/// Refuses a `match` entry no request could carry (a message with it is invalid), which would
+/// make the rule silently apply to nothing.
+fn check_match(list: &str, names: &[String]) -> Result<(), String> {
+    for name in names {
+        let fault = match name_fault(name) {
+            Some(fault) => fault.to_string(),
+            None if name.chars().count() > MAX_NAME_CHARS => {
+                format!("is longer than {MAX_NAME_CHARS} characters")
+            }
+            None => continue,
+        };
+        return Err(format!(
+            "match {list} entry {name:?} {fault}, so no request can carry it: {NAME_GRAMMAR}"
+        ));
+    }
+    Ok(())
 }
 
 fn check_name(name: &str) -> Result<(), String> {

@@ -195,6 +195,54 @@ async fn check_explains_every_rule_and_consumes_nothing() {
     assert_eq!(invalid.status, 400);
 }
 
+/// `?at=` outside the supported instants (1970-01-01 up to 9000-01-01) is a 400 naming the
+/// range, on both routes that take it; the last instant in range is answered.
+#[tokio::test]
+async fn an_at_outside_the_supported_range_is_a_400() {
+    let (_env, _clock, port) = admin_env().await;
+    let body = request("probe", "erin", "UTC").to_string();
+    for at in [
+        "9999-12-31T11:00:00Z",
+        "9000-01-01T00:00:00Z",
+        "1969-12-31T23:59:59Z",
+    ] {
+        for (method, path, body) in [
+            ("POST", format!("/v1/check?at={at}"), body.as_str()),
+            ("GET", format!("/v1/recipients/erin/quota?at={at}"), ""),
+        ] {
+            let reply = http(port, method, &path, Some(TOKEN), body).await;
+            assert_eq!(reply.status, 400, "{path}: {}", reply.body);
+            assert!(
+                reply.body.contains(&format!(
+                    "at: {at} is outside the supported range of instants, \
+                     1970-01-01T00:00:00Z up to (not including) 9000-01-01T00:00:00Z"
+                )),
+                "{path}: {}",
+                reply.body
+            );
+        }
+    }
+    let last = "8999-12-31T23:59:59.999Z";
+    let check = http(
+        port,
+        "POST",
+        &format!("/v1/check?at={last}"),
+        Some(TOKEN),
+        &body,
+    )
+    .await;
+    assert_eq!(check.status, 200, "{}", check.body);
+    let peek = http(
+        port,
+        "GET",
+        &format!("/v1/recipients/erin/quota?at={last}"),
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(peek.status, 200, "{}", peek.body);
+}
+
 #[tokio::test]
 async fn quota_peek_shows_usage_and_reset_frees_it_with_an_audit_row() {
     let (env, _clock, port) = admin_env().await;

@@ -88,6 +88,19 @@ fn message(id: &str, recipient: &str) -> String {
     request(id, recipient, "UTC").to_string()
 }
 
+/// `sendquota check` of `message` at `at`, with `--commit` when `commit`.
+fn check_at(
+    env: &TestEnv,
+    config: &TempFile,
+    message: &str,
+    at: &str,
+    commit: bool,
+) -> impl Future<Output = Out> {
+    let mut args = vec!["check", "--message", message, "--at", at];
+    args.extend(commit.then_some("--commit"));
+    run(on(env, config), &args, None)
+}
+
 #[test]
 fn config_check_without_a_file_prints_the_headline_rule_and_exits_0() {
     let out = config_check(None);
@@ -232,10 +245,7 @@ async fn check_decides_without_consuming_unless_commit_and_a_deny_names_the_next
     let env = TestEnv::new().await;
     let config = classic();
     let check = |id: &str, at: &str, commit: bool| {
-        let message = message(id, "alice");
-        let mut args = vec!["check", "--message", &message, "--at", at];
-        args.extend(commit.then_some("--commit"));
-        let out = run(on(&env, &config), &args, None);
+        let out = check_at(&env, &config, &message(id, "alice"), at, commit);
         async move {
             let out = out.await;
             let lines = out.stdout.lines().count();
@@ -275,6 +285,57 @@ async fn check_decides_without_consuming_unless_commit_and_a_deny_names_the_next
         "allow",
         "a dry run reads no marks"
     );
+}
+
+/// The supported instants run from 1970-01-01 up to 9000-01-01: a decision on the last day in
+/// range names a retry_after that RFC 3339 can write, and every option that takes an instant
+/// refuses one outside the range with exit 2 and one line, before any service is asked.
+/// (Near the end of year 9999, `check` printed `+10000-01-01T00:00:00Z`.)
+#[tokio::test]
+async fn instants_outside_the_supported_range_exit_2_and_the_last_day_in_it_gets_a_valid_answer() {
+    let env = TestEnv::new().await;
+    let config = classic();
+    let check =
+        |id: &str, at: &str, commit: bool| check_at(&env, &config, &message(id, "zoe"), at, commit);
+    for day in ["8999-12-31", "9999-12-31"] {
+        let first = check("z1", &format!("{day}T09:00:00Z"), true).await;
+        let second = check("z2", &format!("{day}T11:00:00Z"), false).await;
+        if day == "8999-12-31" {
+            assert_eq!((first.code, second.code), (0, 0), "{}", second.stderr);
+            let answer: Value = serde_json::from_str(&second.stdout).expect("one JSON object");
+            assert_eq!(answer["retry_after"], "9000-01-01T00:00:00Z", "{answer}");
+            continue;
+        }
+        let refused = format!(
+            "sendquota: --at: {day}T11:00:00Z is outside the supported range of instants, \
+             1970-01-01T00:00:00Z up to (not including) 9000-01-01T00:00:00Z\n"
+        );
+        assert_eq!(second.all(), (2, "", refused.as_str()));
+        assert_eq!(first.code, 2, "{}", first.stderr);
+    }
+    let valid = message("z3", "zoe");
+    let outside = [
+        vec!["check", "--message", &valid, "--at", "1969-12-31T23:59:59Z"],
+        vec!["worker", "--now", "9000-01-01T00:00:00Z"],
+        vec!["denials", "--since", "1969-12-31T00:00:00Z"],
+        vec!["denials", "--until", "9500-01-01T00:00:00Z"],
+        vec!["denials", "--since", "3000000d"],
+        vec!["replay", "--dry-run", "--until", "9999-12-31T23:59:59Z"],
+    ];
+    for args in outside {
+        let mut cmd = on(&env, &config);
+        // A service asked would answer: exit 2 shows the instant was refused first.
+        cmd.env("SENDQUOTA_REDIS_URL", "redis://127.0.0.1:1");
+        let out = run(cmd, &args, None).await;
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("outside the supported range of instants")
+                && out.stderr.lines().count() == 1,
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
 }
 
 #[tokio::test]
@@ -409,6 +470,6 @@ async fn denials_lists_a_worker_denial_as_json_table_and_csv_with_filters() {
     assert_eq!(out.code, 2);
     assert_eq!(
         out.stderr,
-        "sendquota: \"yesterday\" is neither an RFC3339 instant nor an age such as 7d, 36h, 90m or 30s\n"
+        "sendquota: --since \"yesterday\" is neither an RFC3339 instant nor an age such as 7d, 36h, 90m or 30s\n"
     );
 }

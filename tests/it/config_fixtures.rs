@@ -44,6 +44,15 @@ refused! {
     per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
     too_many_threads => "[worker] threads must be between 0 and 1024 (got 100000)",
     zero_max_connections => "[database] max_connections must be between 1 and 1000 (got 0)",
+    token_bucket_waiting_past_the_supported_range => "rule \"r\": a send of cost 2000 could wait \
+        732000 days for its tokens (capacity 2000 refilled 1 per 366d), more than the 365000 days \
+        any rule may make a message wait",
+    match_channel_no_request_can_carry => "rule \"r\": match channels entry \"sms.*\" holds `*` \
+        (U+002A), so no request can carry it: a name is one or more words of letters, digits, `_` \
+        and `-` joined by single dots, such as `sms` or `push.ios`",
+    match_category_no_request_can_carry => "rule \"r\": match categories entry \"two words\" holds \
+        U+0020, so no request can carry it: a name is one or more words of letters, digits, `_` \
+        and `-` joined by single dots, such as `sms` or `push.ios`",
 }
 
 #[test]

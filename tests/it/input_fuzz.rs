@@ -20,8 +20,8 @@ use sendquota::config::{ConfigError, Settings};
 use sendquota::internals::limiter::keys::{encode, rule_key, scope_tag};
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::{
-    InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES, MAX_COST, MAX_ID_CHARS,
-    MAX_NAME_CHARS, MAX_RECIPIENT_CHARS,
+    format_character, name_fault, InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES,
+    MAX_COST, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RECIPIENT_CHARS,
 };
 use sendquota::internals::policy::{Policy, ScopeValue};
 use serde_json::Value;
@@ -145,6 +145,13 @@ fn field_value(field: &'static str) -> BoxedStrategy<Value> {
         ]
         .boxed(),
         "payload" => json_value().boxed(),
+        "channel" | "category" => prop_oneof![
+            16 => "[A-Za-z0-9_-]{1,8}(\\.[A-Za-z0-9_-]{1,8}){0,2}".prop_map(Value::String),
+            8 => field_string().prop_map(Value::String),
+            1 => json_leaf(),
+            1 => json_value(),
+        ]
+        .boxed(),
         "timezone" => prop_oneof![
             8 => prop::sample::select(ZONES.to_vec()).prop_map(|z| Value::String(z.to_owned())),
             4 => field_string().prop_map(Value::String),
@@ -309,6 +316,13 @@ fn check_field(field: &str, value: &str, limit: usize) -> TestCaseResult {
         !value.chars().any(char::is_control),
         "{field} {value:?} holds a control character"
     );
+    prop_assert!(
+        !value.chars().any(format_character),
+        "{field} {value:?} holds a format character"
+    );
+    if matches!(field, "channel" | "category") {
+        prop_assert_eq!(name_fault(value), None, "{} {:?}", field, value);
+    }
     Ok(())
 }
 
@@ -402,7 +416,8 @@ fn decode_property(body: &[u8]) -> TestCaseResult {
                 "cost {}",
                 request.cost
             );
-            let again = serde_json::to_vec(&request.to_json()).expect("to_json serialises");
+            // The stored text, as a denial row keeps it and a replay publishes it.
+            let again = request.to_json_text().into_bytes();
             let decoded = SendRequest::decode(&again, DEFAULT_MAX_BODY_BYTES);
             prop_assert!(
                 decoded.is_ok(),
@@ -510,6 +525,9 @@ fn the_json_generator_produces_valid_requests_and_each_kind_of_error() {
         "ControlCharacter",
         "UnknownTimeZone",
         "BadCost",
+        "NotAName",
+        "WrongType",
+        "FormatCharacter",
     ] {
         assert!(
             kinds.contains_key(kind),
@@ -1055,7 +1073,7 @@ fn an_invalid_request_reason_is_one_line() {
 // ---------------------------------------------------------------------------------------------
 
 /// Sample code points of every general category except Cs (surrogates cannot be in a Rust
-/// string, and JSON `\ud800` alone is refused by the parser).
+/// string, and JSON `\ud800` alone is refused by the parser) and those of [`REFUSED`].
 const CATEGORIES: &[(&str, &[char])] = &[
     ("Lu", &['A', 'Z', '\u{c0}', '\u{3a9}', '\u{410}']),
     ("Ll", &['a', 'z', '\u{df}', '\u{3c9}', '\u{430}']),
@@ -1080,14 +1098,27 @@ const CATEGORIES: &[(&str, &[char])] = &[
     ("Sk", &['^', '`', '\u{2c2}']),
     ("So", &['\u{a9}', '\u{2603}', '\u{1f600}']),
     ("Zs", &[' ', '\u{a0}', '\u{2003}', '\u{3000}']),
+    ("Co", &['\u{e000}', '\u{f8ff}', '\u{f0000}', '\u{10fffd}']),
+    ("Cn", &['\u{378}', '\u{fdd0}', '\u{ffff}', '\u{10ffff}']),
+];
+
+/// Categories refused in ids and recipients beside Cc: format characters (Cf, which hide or
+/// reorder the text around them where it is shown) and line and paragraph separators.
+const REFUSED: &[(&str, &[char])] = &[
     ("Zl", &['\u{2028}']),
     ("Zp", &['\u{2029}']),
     (
         "Cf",
-        &['\u{ad}', '\u{200b}', '\u{200d}', '\u{feff}', '\u{e0001}'],
+        &[
+            '\u{ad}',
+            '\u{200b}',
+            '\u{200d}',
+            '\u{202e}',
+            '\u{2066}',
+            '\u{feff}',
+            '\u{e0001}',
+        ],
     ),
-    ("Co", &['\u{e000}', '\u{f8ff}', '\u{f0000}', '\u{10fffd}']),
-    ("Cn", &['\u{378}', '\u{fdd0}', '\u{ffff}', '\u{10ffff}']),
 ];
 
 const CONTROL: &[char] = &[
@@ -1101,11 +1132,24 @@ fn request_for(recipient: &str) -> Result<SendRequest, InvalidMessage> {
 
 #[test]
 fn recipients_from_every_unicode_category_decode_and_get_their_own_hash_tag() {
-    // Rust's char::is_control is exactly category Cc: line and paragraph separators are not
-    // control characters, so the decoder accepts them.
+    // Rust's char::is_control is exactly category Cc: line and paragraph separators and
+    // format characters are not control characters, and are refused on their own.
     assert!(!'\u{2028}'.is_control());
     assert!(!'\u{2029}'.is_control());
     assert!(CONTROL.iter().all(|c| c.is_control()));
+    for (category, chars) in REFUSED {
+        for &c in *chars {
+            assert_eq!(
+                request_for(&format!("user{c}42")).map(|_| ()),
+                Err(InvalidMessage::FormatCharacter {
+                    field: "recipient",
+                    character: c
+                }),
+                "{category} U+{:04X}",
+                c as u32
+            );
+        }
+    }
 
     let mut recipients = Vec::new();
     for (category, chars) in CATEGORIES {
@@ -1302,4 +1346,96 @@ async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and
          deleted at {:?}",
         started.elapsed()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Payload numbers against Postgres's own jsonb
+// ---------------------------------------------------------------------------------------------
+
+/// Numbers around every limit of Postgres's numeric: small mantissas (with fractions, zeros
+/// written at the end, leading zeros after the point) times exponents at the limits, both
+/// signs, and long plain numbers at the digit limits themselves.
+fn numbers_around_numerics_limits() -> Vec<String> {
+    const MANTISSAS: [&str; 16] = [
+        "0",
+        "1",
+        "9",
+        "10",
+        "12",
+        "0.0",
+        "0.5",
+        "0.05",
+        "0.001",
+        "1.0",
+        "1.5",
+        "1.50",
+        "123.456",
+        "123.4560",
+        "100",
+        "1000.0001",
+    ];
+    let mut exponents: Vec<i64> = vec![0, 400, -400];
+    for limit in [131_072i64, -16_383, 1_073_741_823, -1_073_741_823] {
+        exponents.extend(limit - 5..=limit + 4);
+    }
+    let mut numbers = Vec::new();
+    for mantissa in MANTISSAS {
+        for exponent in &exponents {
+            for sign in ["", "-"] {
+                numbers.push(format!("{sign}{mantissa}e{exponent}"));
+            }
+            numbers.push(format!("{mantissa}E+{exponent}").replace("+-", "-"));
+        }
+    }
+    for zeros in [16_381usize, 16_382, 16_383] {
+        numbers.push(format!("0.{}1", "0".repeat(zeros)));
+        numbers.push(format!("1.{}", "0".repeat(zeros + 1)));
+    }
+    for digits in [131_071usize, 131_072, 131_073] {
+        numbers.push(format!("1{}", "0".repeat(digits - 1)));
+        numbers.push(format!("-9{}.5", "9".repeat(digits - 1)));
+    }
+    numbers
+}
+
+/// The payload number rule is Postgres's own: for every number around numeric's limits,
+/// decode accepts it exactly when the real Postgres parses it into jsonb. (The rule lets no
+/// number through that the denial history would refuse, which quarantined such messages, and
+/// refuses none it would store: `1e400` was refused because f64 cannot hold it.)
+#[tokio::test]
+async fn payload_numbers_are_accepted_exactly_when_postgres_jsonb_takes_them() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&support::admin_database_url())
+        .await
+        .unwrap_or_else(|e| panic!("postgres not reachable: {e}; {}", support::START_HINT));
+    let numbers = numbers_around_numerics_limits();
+    let mut disagreements = Vec::new();
+    let mut stored = 0;
+    for number in &numbers {
+        let postgres = sqlx::query("SELECT $1::jsonb")
+            .bind(format!("[{number}]"))
+            .execute(&pool)
+            .await;
+        let refused_by = match &postgres {
+            Err(sqlx::Error::Database(e)) => Some(e.code().unwrap_or_default().into_owned()),
+            Err(e) => panic!("postgres failed: {e}"),
+            Ok(_) => None,
+        };
+        let body = format!(r#"{{"id":"m","recipient":"u","channel":"sms","payload":[{number}]}}"#);
+        let decoded = SendRequest::decode(body.as_bytes(), 1 << 20);
+        stored += usize::from(refused_by.is_none());
+        if decoded.is_ok() != refused_by.is_none() {
+            let shown: String = number.chars().take(40).collect();
+            disagreements.push(format!(
+                "{shown}: postgres {refused_by:?}, decode {decoded:?}"
+            ));
+        }
+    }
+    eprintln!(
+        "{} numbers compared with postgres, {stored} stored",
+        numbers.len()
+    );
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
+    assert!(stored > numbers.len() / 4 && stored < numbers.len() * 3 / 4);
 }

@@ -238,3 +238,82 @@ async fn retry_after_skips_a_quiet_period_that_begins_when_the_refusal_ends() {
         "the first instant both rules admit"
     );
 }
+
+/// `check`, `POST /v1/check` and the worker give one answer. Nina had today's message; asked
+/// at 15:00 (Paris), the headline rule frees her at midnight, which falls in the quiet period
+/// of 22:00 to 08:00: all three say 08:00 tomorrow, the first instant both rules admit.
+#[tokio::test]
+async fn check_the_admin_check_and_the_worker_give_the_same_retry_after_past_quiet_hours() {
+    const ZONE: &str = "Europe/Paris";
+    const TOKEN: &str = "test-token-0123456789abcdef";
+    let config = format!(
+        "{HEADLINE}\n[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
+         end = \"08:00\"\non_deny = \"delay\"\n"
+    );
+    let mut env = TestEnv::with_config(&config).await;
+    let port = support::private::free_port();
+    env.settings.admin.listen = format!("127.0.0.1:{port}");
+    env.settings.admin.tokens = vec![sendquota::config::AdminToken {
+        name: "ops".to_owned(),
+        token: TOKEN.to_owned(),
+    }];
+    let clock = ManualClock::new(local(ZONE, "2026-04-01 09:00"));
+    env.start_worker(&clock);
+    support::http::wait_until_ready(port).await;
+    let mut seen = HashMap::new();
+    env.publish(&request("n1", "nina", ZONE)).await;
+    assert!(env.outcome("n1", &mut seen).await);
+
+    let at = local(ZONE, "2026-04-01 15:00");
+    let at_text = at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+    let second = request("n2", "nina", ZONE);
+    let expected = local(ZONE, "2026-04-02 08:00");
+    let expected_text = expected.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+
+    let file = std::env::temp_dir().join(format!("{}.toml", env.namespace));
+    std::fs::write(&file, &config).expect("config file");
+    let mut cli = env.worker_command();
+    cli.args(["--config", file.to_str().expect("utf-8 path"), "check"])
+        .args(["--message", &second.to_string(), "--at", &at_text]);
+    let run = tokio::task::spawn_blocking(move || {
+        support::process::run_for(cli, None, Duration::from_secs(30))
+    })
+    .await
+    .expect("run check");
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let checked: serde_json::Value = serde_json::from_str(&run.stdout).expect("one JSON object");
+    assert_eq!(
+        (&checked["outcome"], &checked["retry_after"]),
+        (&"deny".into(), &expected_text.clone().into()),
+        "sendquota check: {checked}"
+    );
+
+    let reply = support::http::http(
+        port,
+        "POST",
+        &format!("/v1/check?at={at_text}"),
+        Some(TOKEN),
+        &second.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let admin = reply.json();
+    assert_eq!(
+        (&admin["outcome"], &admin["retry_after"]),
+        (&"deny".into(), &expected_text.into()),
+        "POST /v1/check: {admin}"
+    );
+
+    clock.set(at);
+    env.publish(&second).await;
+    assert!(!env.outcome("n2", &mut seen).await);
+    env.stop_worker().await;
+    let denials = env.denials().await;
+    assert_eq!(denials.len(), 1);
+    assert_eq!(
+        denials[0].retry_after,
+        Some(expected),
+        "the worker's denial row"
+    );
+}

@@ -497,8 +497,10 @@ async fn sql_metacharacters_in_a_denied_message_are_stored_and_listed_back_verba
     let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
     env.start_worker(&clock);
     let recipient = format!("r{INJECTION}");
-    let channel = format!("sms{INJECTION}");
-    let category = format!("k{INJECTION}");
+    // Channels and categories are names (dot-separated words), which hold no metacharacters;
+    // the filters below still hand them the injection.
+    let channel = "sms".to_owned();
+    let category = "k".to_owned();
     let first = format!("m1{INJECTION}");
     let second = format!("m2{INJECTION}");
     let message = |id: &str| {
@@ -561,6 +563,22 @@ async fn sql_metacharacters_in_a_denied_message_are_stored_and_listed_back_verba
                 ..filter.clone()
             },
             1,
+        ),
+        (
+            "channel injected",
+            DenialFilter {
+                channel: Some(format!("{channel}{INJECTION}")),
+                ..filter.clone()
+            },
+            0,
+        ),
+        (
+            "category OR",
+            DenialFilter {
+                category: Some(format!("{category}' OR '1'='1")),
+                ..filter.clone()
+            },
+            0,
         ),
         (
             "rule",

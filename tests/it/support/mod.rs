@@ -301,35 +301,25 @@ impl TestEnv {
     }
 
     /// Makes Postgres refuse every denial row of `recipient` for its data (SQLSTATE 22023,
-    /// "<recipient> refuses"), as it refuses a row it cannot store: a denied message to
-    /// `recipient` is poison and goes to the quarantine queue. [`TestEnv::accept_denials_to`]
-    /// undoes it.
+    /// "<recipient> refuses", through [`refuse_denials_of`]): a denied message to `recipient`
+    /// is poison and goes to the quarantine queue. [`TestEnv::accept_denials_to`] undoes it.
     pub async fn refuse_denials_to(&self, recipient: &str) {
-        assert!(
-            recipient.chars().all(|c| c.is_ascii_alphanumeric()),
-            "a plain recipient, spliced into SQL: {recipient:?}"
-        );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "CREATE FUNCTION refuse_{recipient}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-             IF NEW.recipient = '{recipient}' THEN \
-             RAISE EXCEPTION '{recipient} refuses' USING ERRCODE = '22023'; \
-             END IF; RETURN NEW; END $$; \
-             CREATE TRIGGER refuse_{recipient} BEFORE INSERT ON denials FOR EACH ROW \
-             EXECUTE FUNCTION refuse_{recipient}();"
-        )))
-        .execute(&self.pool)
-        .await
-        .expect("the refusing trigger");
+        refuse_denials_of(
+            &self.pool,
+            recipient,
+            "22023",
+            &format!("{recipient} refuses"),
+        )
+        .await;
     }
 
-    /// Undoes [`TestEnv::refuse_denials_to`]: the cause of the quarantine is fixed.
-    pub async fn accept_denials_to(&self, recipient: &str) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP TRIGGER refuse_{recipient} ON denials"
-        )))
-        .execute(&self.pool)
-        .await
-        .expect("drop the refusing trigger");
+    /// Undoes [`TestEnv::refuse_denials_to`] (and [`refuse_denials_of`]): the cause of the
+    /// quarantine is fixed.
+    pub async fn accept_denials(&self) {
+        sqlx::raw_sql("DROP TRIGGER refuse_rows ON denials")
+            .execute(&self.pool)
+            .await
+            .expect("drop the refusing trigger");
     }
 
     /// Messages ready (not counting deliveries in progress) in `queue`.
@@ -614,6 +604,29 @@ async fn cleanup(
         .await;
         admin.close().await;
     }
+}
+
+/// Makes Postgres refuse every denial row of a recipient matching `recipients` (a `LIKE`
+/// pattern) with SQLSTATE `sqlstate` (class 22, a data error) and `message`, as it refuses data
+/// it cannot hold: how tests and the trust bench make a message whose denial cannot be
+/// recorded, which the worker quarantines. The worker refuses up front every payload the
+/// denial history could not store, so no request body does it. `DROP TRIGGER refuse_rows ON
+/// denials` fixes the cause.
+pub async fn refuse_denials_of(pool: &PgPool, recipients: &str, sqlstate: &str, message: &str) {
+    let quote = |s: &str| s.replace('\'', "''");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION refuse_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF NEW.recipient LIKE '{}' THEN RAISE EXCEPTION '{}' USING ERRCODE = '{}'; \
+         END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_rows BEFORE INSERT ON denials FOR EACH ROW \
+         EXECUTE FUNCTION refuse_rows();",
+        quote(recipients),
+        quote(message),
+        quote(sqlstate)
+    )))
+    .execute(pool)
+    .await
+    .expect("the refusing trigger");
 }
 
 /// Declares `queue` (durable) and binds it to `exchange` with `#`: every message published there
