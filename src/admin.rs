@@ -170,35 +170,61 @@ async fn authenticate(
     }
 }
 
-async fn ready(State(state): State<AdminState>) -> Response {
-    let mut conn = state.limiter.conn().clone();
-    let redis = tokio::time::timeout(PING_TIMEOUT, async {
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .is_ok()
-    })
-    .await
-    .unwrap_or(false);
-    let postgres = tokio::time::timeout(PING_TIMEOUT, state.denials.ping())
+/// What readiness found: the services answer, the consumer runs, the broker does not block.
+struct Readiness {
+    redis: bool,
+    postgres: bool,
+    consuming: bool,
+    blocked: Option<String>,
+}
+
+impl Readiness {
+    /// Pings Redis and Postgres (each within [`PING_TIMEOUT`]) and reads the consumer's state.
+    async fn check(state: &AdminState) -> Readiness {
+        let mut conn = state.limiter.conn().clone();
+        let redis = tokio::time::timeout(PING_TIMEOUT, async {
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_ok()
+        })
         .await
-        .is_ok_and(|r| r.is_ok());
-    let consuming = state.health.consuming();
-    let blocked = state.health.blocked();
-    let ready = redis && postgres && consuming && blocked.is_none();
+        .unwrap_or(false);
+        let postgres = tokio::time::timeout(PING_TIMEOUT, state.denials.ping())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        Readiness {
+            redis,
+            postgres,
+            consuming: state.health.consuming(),
+            blocked: state.health.blocked(),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.redis && self.postgres && self.consuming && self.blocked.is_none()
+    }
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    let found = Readiness::check(&state).await;
+    let ready = found.ready();
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     let body = json!({
-        "ready": ready, "redis": redis, "postgres": postgres, "consuming": consuming,
-        "blocked": blocked,
+        "ready": ready, "redis": found.redis, "postgres": found.postgres,
+        "consuming": found.consuming, "blocked": found.blocked,
     });
     (status, Json(body)).into_response()
 }
 
-async fn metrics() -> Response {
+/// The metrics, with the readiness gauge measured now as `/readyz` would answer.
+async fn metrics(State(state): State<AdminState>) -> Response {
+    let ready = Readiness::check(&state).await.ready();
+    metrics::gauge!(telemetry::READY).set(if ready { 1.0 } else { 0.0 });
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         telemetry::prometheus().render(),

@@ -13,7 +13,7 @@ use futures_util::{StreamExt, TryStreamExt};
 
 use crate::broker::{self, Names, Publisher};
 use crate::clock::{Clock, ManualClock, SystemClock};
-use crate::config::{ConfigError, Settings};
+use crate::config::{ConfigError, LogFormat, LogSettings, Settings};
 use crate::decision;
 use crate::denials::{Denial, DenialFilter, DenialStore};
 use crate::failpoint;
@@ -253,21 +253,34 @@ fn service(what: &str) -> impl Fn(&dyn std::fmt::Display) -> CliError + '_ {
 /// The `sendquota` command line: starts logging, runs the command, and on failure prints one
 /// line on standard error and returns the failure's exit code.
 pub fn main(cli: Cli) -> std::process::ExitCode {
-    crate::telemetry::init_logging();
     match start(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sendquota: {}", crate::message::one_line(&e.to_string()));
+            let line = crate::message::one_line(&e.to_string());
+            crate::telemetry::report_failure(&format!("sendquota: {line}"));
             std::process::ExitCode::from(e.exit_code())
         }
     }
 }
 
-/// Loads the configuration, builds the runtime the command runs on (the worker's has
-/// `worker.threads` threads) and runs the command to completion.
+/// Loads the configuration, starts logging as it says, builds the runtime the command runs on
+/// (the worker's has `worker.threads` threads) and runs the command to completion.
 pub fn start(cli: Cli) -> Result<(), CliError> {
     crate::tls::install_crypto_provider();
-    let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok())?;
+    let loaded = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok());
+    // Refused settings are reported in the format the environment asks for, if it does.
+    let log = match &loaded {
+        Ok(settings) => settings.log.clone(),
+        Err(_) => LogSettings {
+            format: std::env::var("SENDQUOTA_LOG_FORMAT")
+                .ok()
+                .and_then(|name| LogFormat::parse(&name))
+                .unwrap_or_default(),
+            ..LogSettings::default()
+        },
+    };
+    crate::telemetry::init_logging(&log);
+    let settings = loaded?;
     let threads = match cli.command {
         Command::Worker { .. } => settings.worker.threads,
         _ => 0,

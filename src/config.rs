@@ -69,8 +69,70 @@ pub struct Settings {
     pub worker: WorkerSettings,
     /// The admin HTTP API.
     pub admin: AdminSettings,
+    /// Log lines: their format, and how decision logs show recipients.
+    pub log: LogSettings,
     /// The validated rules.
     pub policy: Policy,
+}
+
+/// Log lines: their format, and how decision logs show recipients.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    /// `text` for people, `json` (one object per line) for log collectors;
+    /// `SENDQUOTA_LOG_FORMAT` overrides it.
+    pub format: LogFormat,
+    /// `plain` or `hash`: how decision logs show the recipient.
+    pub recipient: RecipientLog,
+    /// The key of recipient hashes, from `SENDQUOTA_LOG_RECIPIENT_KEY` only (a secret: never in
+    /// the file, never printed).
+    #[serde(skip)]
+    pub recipient_key: RecipientKey,
+}
+
+/// The format of log lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// One line of text per event, coloured on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, the event's fields at the top level.
+    Json,
+}
+
+impl LogFormat {
+    /// The format `SENDQUOTA_LOG_FORMAT` names (`text` or `json`); `None` for anything else.
+    pub fn parse(name: &str) -> Option<LogFormat> {
+        match name.trim() {
+            "text" => Some(LogFormat::Text),
+            "json" => Some(LogFormat::Json),
+            _ => None,
+        }
+    }
+}
+
+/// How decision logs show a recipient.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecipientLog {
+    /// As the producer wrote it.
+    #[default]
+    Plain,
+    /// As HMAC-SHA256 keyed with `SENDQUOTA_LOG_RECIPIENT_KEY`, in hex: the same recipient
+    /// always hashes alike (logs can be searched and correlated), and without the key a hash
+    /// cannot be reversed by trying every phone number or address.
+    Hash,
+}
+
+/// The key of recipient hashes in logs; its `Debug` never shows it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RecipientKey(pub String);
+
+impl std::fmt::Debug for RecipientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
 }
 
 /// The admin HTTP API served by the worker.
@@ -107,7 +169,8 @@ fn redacted<S: serde::Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str("***")
 }
 
-/// Shortest admin token accepted: long enough that guessing is hopeless.
+/// Shortest admin token, and shortest recipient hash key, accepted: long enough that guessing
+/// is hopeless.
 const MIN_TOKEN_CHARS: usize = 16;
 
 /// Most runtime threads a worker may ask for: far beyond any useful count, low enough that a
@@ -291,6 +354,8 @@ struct File {
     #[serde(default)]
     admin: AdminSettings,
     #[serde(default)]
+    log: LogSettings,
+    #[serde(default)]
     rules: Vec<RawRule>,
 }
 
@@ -329,6 +394,7 @@ impl Settings {
     ) -> Result<Settings, ConfigError> {
         apply_env(&mut file, &env);
         check_admin(&file.admin)?;
+        check_log(&mut file.log, &env)?;
         let namespace = env("SENDQUOTA_NAMESPACE")
             .or(file.namespace)
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
@@ -355,6 +421,7 @@ impl Settings {
             database: file.database,
             worker: file.worker,
             admin: file.admin,
+            log: file.log,
             policy,
         };
         check_ranges(&settings)?;
@@ -607,6 +674,31 @@ fn tls_overrides(service: &str, files: &mut TlsFiles, env: &impl Fn(&str) -> Opt
     }
 }
 
+/// Applies `SENDQUOTA_LOG_FORMAT` and `SENDQUOTA_LOG_RECIPIENT_KEY`, and refuses a hashed
+/// recipient without a key long enough to keep the hashes from being reversed.
+fn check_log(
+    log: &mut LogSettings,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    if let Some(name) = env("SENDQUOTA_LOG_FORMAT") {
+        log.format = LogFormat::parse(&name).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "SENDQUOTA_LOG_FORMAT \"{}\" is not text or json",
+                one_line(&name)
+            ))
+        })?;
+    }
+    log.recipient_key = RecipientKey(env("SENDQUOTA_LOG_RECIPIENT_KEY").unwrap_or_default());
+    if log.recipient == RecipientLog::Hash && log.recipient_key.0.chars().count() < MIN_TOKEN_CHARS
+    {
+        return Err(ConfigError::Invalid(format!(
+            "[log] recipient = \"hash\" needs SENDQUOTA_LOG_RECIPIENT_KEY, at least \
+             {MIN_TOKEN_CHARS} characters"
+        )));
+    }
+    Ok(())
+}
+
 fn check_admin(admin: &AdminSettings) -> Result<(), ConfigError> {
     if !admin.listen.is_empty() && admin.listen.parse::<std::net::SocketAddr>().is_err() {
         return Err(ConfigError::Invalid(format!(
@@ -723,6 +815,7 @@ impl Settings {
             database: DatabaseSettings,
             worker: &'a WorkerSettings,
             admin: &'a AdminSettings,
+            log: &'a LogSettings,
             rules: &'a [crate::policy::Rule],
         }
         let mut redis = self.redis.clone();
@@ -740,6 +833,7 @@ impl Settings {
             database,
             worker: &self.worker,
             admin: &self.admin,
+            log: &self.log,
             rules: &self.policy.rules,
         };
         toml::to_string(&effective).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
@@ -939,6 +1033,54 @@ mod tests {
         assert!(
             duplicate.starts_with("config file <inline>: line 3: "),
             "{duplicate}"
+        );
+    }
+
+    #[test]
+    fn json_logs_are_chosen_by_the_file_or_the_environment_which_wins() {
+        let file = "[log]\nformat = \"json\"\n";
+        assert_eq!(
+            Settings::from_toml(file, no_env).unwrap().log.format,
+            LogFormat::Json
+        );
+        let text = |k: &str| (k == "SENDQUOTA_LOG_FORMAT").then(|| "text".to_owned());
+        assert_eq!(
+            Settings::from_toml(file, text).unwrap().log.format,
+            LogFormat::Text
+        );
+        let xml = |k: &str| (k == "SENDQUOTA_LOG_FORMAT").then(|| "xml".to_owned());
+        assert_eq!(
+            Settings::from_toml("", xml).unwrap_err().to_string(),
+            "SENDQUOTA_LOG_FORMAT \"xml\" is not text or json"
+        );
+        let err = Settings::from_toml("[log]\nformat = \"xml\"\n", no_env).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("config file <inline>: line 2: unknown variant `xml`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn hashed_recipients_need_a_key_from_the_environment_that_is_never_printed() {
+        let file = "[log]\nrecipient = \"hash\"\n";
+        assert_eq!(
+            Settings::from_toml(file, no_env).unwrap_err().to_string(),
+            "[log] recipient = \"hash\" needs SENDQUOTA_LOG_RECIPIENT_KEY, at least 16 characters"
+        );
+        let short = |k: &str| (k == "SENDQUOTA_LOG_RECIPIENT_KEY").then(|| "short".to_owned());
+        assert!(Settings::from_toml(file, short).is_err());
+        let secret = "log-key-0123456789-secret";
+        let keyed = |k: &str| (k == "SENDQUOTA_LOG_RECIPIENT_KEY").then(|| secret.to_owned());
+        let settings = Settings::from_toml(file, keyed).unwrap();
+        assert_eq!(settings.log.recipient, RecipientLog::Hash);
+        assert_eq!(settings.log.recipient_key.0, secret);
+        assert!(!settings.effective_toml().contains(secret));
+        assert!(!format!("{settings:?}").contains(secret));
+        let in_file = "[log]\nrecipient_key = \"log-key-0123456789-secret\"\n";
+        assert!(
+            Settings::from_toml(in_file, no_env).is_err(),
+            "the key is not read from the file"
         );
     }
 

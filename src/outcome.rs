@@ -6,6 +6,8 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::message::SendRequest;
+
 /// Every outcome a message can have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -70,10 +72,12 @@ pub enum Handled {
         /// The rule the denial is recorded under.
         rule: String,
     },
-    /// Parked until `until`.
+    /// Parked until `until` by `rule`.
     Delayed {
         /// When it will be decided again.
         until: DateTime<Utc>,
+        /// The refusing delay rule that allows last.
+        rule: String,
     },
     /// Not a valid request; sent to the invalid queue.
     Invalid {
@@ -100,6 +104,26 @@ impl Handled {
             Handled::InFlight => OutcomeName::InFlight,
         }
     }
+
+    /// The rules that made the outcome what it is: the denying or delaying rule, or the
+    /// shadow rules that would have refused a dispatch; none for the other outcomes.
+    pub fn rules(&self) -> &[String] {
+        match self {
+            Handled::Denied { rule } | Handled::Delayed { rule, .. } => std::slice::from_ref(rule),
+            Handled::Dispatched { shadow } => shadow,
+            Handled::Invalid { .. } | Handled::Duplicate | Handled::InFlight => &[],
+        }
+    }
+}
+
+/// A delivery handled, with the request it carried (`None` when its body was not one): what
+/// the worker counts and logs once the outcome is durable, by channel, category and recipient.
+#[derive(Debug)]
+pub struct Settled {
+    /// What it came to.
+    pub handled: Handled,
+    /// The decoded request.
+    pub request: Option<SendRequest>,
 }
 
 /// How an attempt at a message failed.

@@ -21,7 +21,7 @@ use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Failure, Handled};
+use crate::outcome::{Failure, Handled, Settled};
 use crate::policy::Policy;
 use crate::telemetry;
 
@@ -91,17 +91,42 @@ pub struct Pipeline {
 impl Pipeline {
     /// Decides one delivery and makes its outcome durable, publishing through `publisher`.
     /// `claim` is the delivery's in-flight claim: the same one for every attempt at it.
+    /// Returns the outcome with the decoded request, for the worker's metrics and logs.
     pub async fn handle(
         &self,
         publisher: &Publisher,
         body: &[u8],
         properties: &BasicProperties,
         claim: &Claim,
-    ) -> Result<Handled, HandleError> {
+    ) -> Result<Settled, HandleError> {
         let message = match SendRequest::decode(body, self.max_body_bytes) {
             Ok(m) => m,
-            Err(invalid) => return self.invalid(publisher, body, properties, invalid).await,
+            Err(invalid) => {
+                let handled = self.invalid(publisher, body, properties, invalid).await?;
+                return Ok(Settled {
+                    handled,
+                    request: None,
+                });
+            }
         };
+        let handled = self
+            .decide(publisher, &message, body, properties, claim)
+            .await?;
+        Ok(Settled {
+            handled,
+            request: Some(message),
+        })
+    }
+
+    /// Decides a decoded request and makes its outcome durable.
+    async fn decide(
+        &self,
+        publisher: &Publisher,
+        message: &SendRequest,
+        body: &[u8],
+        properties: &BasicProperties,
+        claim: &Claim,
+    ) -> Result<Handled, HandleError> {
         if failpoint::armed(self.failpoint, Failpoint::FailStuckIds)
             && message.id.starts_with("stuck-")
         {
@@ -117,7 +142,7 @@ impl Pipeline {
         let started = Instant::now();
         let evaluation = self
             .limiter
-            .evaluate_claimed(&self.policy, &message, now, claim)
+            .evaluate_claimed(&self.policy, message, now, claim)
             .await?;
         self.metrics
             .decision_seconds
@@ -127,7 +152,7 @@ impl Pipeline {
         }
         let decoded = Decoded {
             publisher,
-            message: &message,
+            message,
             body,
             now,
             replay_of,
@@ -138,16 +163,16 @@ impl Pipeline {
         for v in &evaluation.verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
         }
-        match evaluation.outcome(&self.policy, &message) {
+        match evaluation.outcome(&self.policy, message) {
             Outcome::Allow { shadow_refusals } => {
                 self.dispatch(&decoded, claim, shadow_refusals).await
             }
             Outcome::Deny { rule, retry_after } => {
-                self.record(&message, &rule, false, retry_after, now, replay_of)
+                self.record(message, &rule, false, retry_after, now, replay_of)
                     .await?;
                 Ok(Handled::Denied { rule: rule.rule })
             }
-            Outcome::Delay { until, .. } => self.delay(&decoded, until).await,
+            Outcome::Delay { until, rule } => self.delay(&decoded, until, rule.rule).await,
         }
     }
 
@@ -228,6 +253,7 @@ impl Pipeline {
         &self,
         decoded: &Decoded<'_>,
         until: DateTime<Utc>,
+        rule: String,
     ) -> Result<Handled, HandleError> {
         let queue = self
             .names
@@ -235,7 +261,7 @@ impl Pipeline {
         let delayed_until = (broker::DELAYED_UNTIL_HEADER, until.to_rfc3339());
         decoded.publish("", &queue, &[delayed_until]).await?;
         metrics::counter!(telemetry::DELAYED).increment(1);
-        Ok(Handled::Delayed { until })
+        Ok(Handled::Delayed { until, rule })
     }
 
     /// Moves a message a service refuses for good to the quarantine queue, with `poison` in its

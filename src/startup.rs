@@ -29,6 +29,10 @@ const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 /// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
 const SKEW_WARNING_MS: i64 = 1_000;
 
+/// How often the skew is measured again after start: one `TIME` a minute is nothing to Redis,
+/// and clocks drift over hours, not seconds.
+const SKEW_CHECK: Duration = Duration::from_secs(60);
+
 /// Failures that stop the worker: each service unreachable at start, so an orchestrator sees
 /// the worker fail instead of idling.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +77,7 @@ pub async fn run(
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
     let limiter = limiter(settings, &redis, &stop);
+    let (redis_for_skew, clock_for_skew) = (redis.clone(), clock.clone());
     if !settings.admin.listen.is_empty() {
         let state = AdminState {
             policy: policy.clone(),
@@ -98,11 +103,10 @@ pub async fn run(
         max_body_bytes: settings.worker.max_body_bytes,
         claim_lease_ms: settings.worker.claim_lease_ms,
         failpoint,
-        metrics: telemetry::MessageMetrics::register(
-            settings.policy.rules.iter().map(|r| r.name.as_str()),
-        ),
+        metrics: telemetry::MessageMetrics::register(&settings.policy),
     });
     keep_metrics_up(stop.clone());
+    keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -210,18 +214,34 @@ fn tls_hint(plain: bool, error: &str, scheme: &str) -> String {
 
 /// Logs how far the worker's clock is from Redis `TIME`.
 async fn report_skew(redis: &RedisConn, clock: &dyn Clock) {
-    let reply: redis::RedisResult<(i64, i64)> =
-        redis::cmd("TIME").query_async(&mut redis.clone()).await;
-    match reply {
-        Ok((secs, micros)) => {
-            let skew = clock.now().timestamp_millis() - (secs * 1000 + micros / 1000);
-            metrics::gauge!(telemetry::CLOCK_SKEW_MS).set(skew as f64);
-            if skew.abs() > SKEW_WARNING_MS {
-                warn!(skew_ms = skew, "worker clock differs from Redis TIME");
-            } else {
-                info!(skew_ms = skew, "worker clock checked against Redis TIME");
-            }
+    match measure_skew(redis, clock).await {
+        Ok(skew) if skew.abs() > SKEW_WARNING_MS => {
+            warn!(skew_ms = skew, "worker clock differs from Redis TIME")
         }
+        Ok(skew) => info!(skew_ms = skew, "worker clock checked against Redis TIME"),
         Err(e) => warn!(error = %e, "could not read Redis TIME"),
     }
+}
+
+/// The worker's clock minus Redis `TIME`, in milliseconds, also set as the skew gauge.
+async fn measure_skew(redis: &RedisConn, clock: &dyn Clock) -> redis::RedisResult<i64> {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut redis.clone()).await?;
+    let skew = clock.now().timestamp_millis() - (secs * 1000 + micros / 1000);
+    metrics::gauge!(telemetry::CLOCK_SKEW_SECONDS).set(skew as f64 / 1000.0);
+    Ok(skew)
+}
+
+/// Measures the skew again every [`SKEW_CHECK`] until `stop`, so the gauge (and the alert on
+/// it) sees a clock that drifts after start. A failed read keeps the last value: Redis being
+/// away is seen by readiness.
+fn keep_checking_skew(redis: RedisConn, clock: Arc<dyn Clock>, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(SKEW_CHECK) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let _ = measure_skew(&redis, clock.as_ref()).await;
+        }
+    });
 }

@@ -25,7 +25,7 @@ use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::config::Settings;
 use crate::failpoint::{self, Failpoint};
-use crate::outcome::{self, Failure, Handled, Next};
+use crate::outcome::{self, Failure, Handled, Next, Settled};
 use crate::pipeline::{Pipeline, Poison};
 use crate::telemetry;
 
@@ -298,9 +298,10 @@ struct Task {
 impl Task {
     /// Processes `delivery` on its own task, holding `slot` until it is done.
     fn spawn(self, delivery: Delivery, slot: tokio::sync::OwnedSemaphorePermit) {
+        let in_flight = self.pipeline.metrics.in_flight();
         tokio::spawn(async move {
             self.process(delivery).await;
-            drop(slot);
+            drop((slot, in_flight));
         });
     }
 
@@ -327,10 +328,13 @@ impl Task {
             ))
             .await;
             match handled {
-                Ok(handled) => {
+                Ok(settled) => {
                     // Counted once the outcome is durable, not per attempt.
-                    self.pipeline.metrics.outcome(handled.name());
-                    log_handled(&delivery, &handled);
+                    let request = settled.request.as_ref();
+                    self.pipeline
+                        .metrics
+                        .outcome(settled.handled.name(), request);
+                    log_handled(&delivery, &settled);
                     self.settler.ack(delivery.delivery_tag);
                     return;
                 }
@@ -430,18 +434,35 @@ impl Failures {
     }
 }
 
-fn log_handled(delivery: &Delivery, handled: &Handled) {
-    let id = delivery
-        .properties
-        .message_id()
-        .as_ref()
-        .map(|s| s.as_str());
-    match handled {
-        Handled::Invalid { reason } => warn!(message_id = ?id, %reason, "invalid message"),
-        other => {
-            debug!(message_id = ?id, outcome = ?other, redelivered = delivery.redelivered, "handled")
+/// Logs what a delivery came to, under [`telemetry::DECISION_LOG`]: an invalid body at warn,
+/// a decided request at debug (off by default; see there). Field values are only formatted,
+/// and a recipient only hashed, when the line is written.
+fn log_handled(delivery: &Delivery, settled: &Settled) {
+    let outcome = settled.handled.name().as_str();
+    let Some(request) = &settled.request else {
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str());
+        if let Handled::Invalid { reason } = &settled.handled {
+            warn!(target: telemetry::DECISION_LOG, message_id = id, outcome, %reason,
+                "invalid message");
         }
-    }
+        return;
+    };
+    let rules = settled.handled.rules();
+    debug!(
+        target: telemetry::DECISION_LOG,
+        message_id = %request.id,
+        recipient = %telemetry::recipient(&request.recipient),
+        channel = %request.channel,
+        category = %request.category,
+        outcome,
+        rule = (!rules.is_empty()).then(|| tracing::field::display(rules.join(","))),
+        redelivered = delivery.redelivered,
+        "decided"
+    );
 }
 
 /// Waits `wait`, or less if the worker is told to stop; returns whether it is stopping.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against local RabbitMQ and PostgreSQL, starting them first when they
-# do not answer, against a private Redis plus a private 3-master Redis Cluster on free ports
+# do not answer (and installing the tools the tests run: deploy/local/tools.sh), against a
+# private Redis plus a private 3-master Redis Cluster on free ports
 # (SENDQUOTA_TEST_REDIS_CLUSTER_URLS), and against TLS-only servers of all three kinds started
 # once for the run (deploy/local/tls-servers.sh, SENDQUOTA_TEST_TLS_*). Runs the tests with
 # cargo-nextest when installed (and prints the slowest), else with cargo test; extra arguments go
@@ -8,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deploy/local/services.sh
+deploy/local/tools.sh
 redis_dir=$(mktemp -d /tmp/sendquota-redis.XXXXXX)
 tls_dir=$(mktemp -d /tmp/sendquota-tls.XXXXXX)
 trap 'deploy/local/redis-private.sh stop "$redis_dir"; deploy/local/tls-servers.sh stop "$tls_dir"' EXIT

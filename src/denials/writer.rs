@@ -52,6 +52,7 @@ async fn run(
     max_wait: Duration,
 ) {
     let batches = metrics::counter!(crate::telemetry::DENIAL_BATCHES);
+    let failures = metrics::counter!(crate::telemetry::DENIAL_WRITE_FAILURES);
     while let Some(first) = rx.recv().await {
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut batch = vec![first];
@@ -75,6 +76,9 @@ async fn run(
                 // Some row's data was refused: each row alone, so only that one fails.
                 for job in batch {
                     let alone = store.insert_batch(&[&job.row]).await.map(|r| r[0]);
+                    if alone.is_err() {
+                        failures.increment(1);
+                    }
                     let result = alone.map_err(|e| {
                         e.data_refusal()
                             .unwrap_or_else(|| DenialError::Batch(e.to_string()))
@@ -84,6 +88,7 @@ async fn run(
                 batches.increment(1);
             }
             Err(e) => {
+                failures.increment(1);
                 let message = e.to_string();
                 for job in batch {
                     let _ = job.done.send(Err(DenialError::Batch(message.clone())));

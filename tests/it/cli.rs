@@ -236,7 +236,25 @@ fn bad_config_files_exit_2_with_one_line_naming_the_problem() {
     assert_eq!(
         refused("colour = \"blue\"\n"),
         "sendquota: config file FILE: line 1: unknown field `colour`, expected one of \
-         `namespace`, `default_timezone`, `redis`, `amqp`, `database`, `worker`, `admin`, `rules`\n"
+         `namespace`, `default_timezone`, `redis`, `amqp`, `database`, `worker`, `admin`, `log`, \
+         `rules`\n"
+    );
+}
+
+#[test]
+fn with_json_logs_a_refused_config_is_reported_as_one_json_object() {
+    let config = TempFile::new("[worker]\nthreads = 100000\n");
+    let mut cmd = bare();
+    cmd.env("SENDQUOTA_LOG_FORMAT", "json")
+        .args(["--config", config.path(), "config", "check"]);
+    let out = output(cmd, None);
+    assert_eq!((out.code, out.stdout.as_str()), (2, ""));
+    let line: serde_json::Value = serde_json::from_str(out.stderr.trim_end())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {}", out.stderr));
+    assert_eq!(line["level"], "ERROR");
+    assert_eq!(
+        line["message"],
+        "sendquota: [worker] threads must be between 0 and 1024 (got 100000)"
     );
 }
 

@@ -1,11 +1,19 @@
 //! Every deployment file parses, and says what the service needs: the Kubernetes manifests,
-//! the compose file and the systemd units.
+//! the compose file, the systemd units, and the Grafana dashboard and Prometheus alert rules,
+//! which use only metrics a real worker exports.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sendquota::config::Settings;
+use sendquota::internals::telemetry::FAMILIES;
 use serde_yaml::Value;
+
+use crate::support::http::{http, wait_until_ready};
+use crate::support::private::free_port;
+use crate::support::process::Running;
+use crate::support::{TempFile, TestEnv};
 
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -70,7 +78,10 @@ fn every_yaml_file_under_deploy_parses() {
             }
         }
     }
-    assert_eq!(found, 5, "compose file and four Kubernetes manifests");
+    assert_eq!(
+        found, 7,
+        "compose file, four Kubernetes manifests, the alert rules and their unit tests"
+    );
 }
 
 #[test]
@@ -185,4 +196,287 @@ fn the_systemd_units_run_the_worker_and_a_timed_replay() {
     let timer = unit("systemd/sendquota-replay.timer");
     assert_eq!(timer["Timer"]["Unit"], ["sendquota-replay.service"]);
     assert_eq!(timer["Timer"]["OnCalendar"], ["*:0/15"]);
+}
+
+/// Metrics the dashboard and the alert rules may use that the worker does not export, and
+/// where they come from.
+const EXTERNAL_METRICS: [(&str, &str); 2] = [
+    ("up", "Prometheus itself: whether each scrape succeeded"),
+    (
+        "rabbitmq_queue_messages_ready",
+        "RabbitMQ's rabbitmq_prometheus plugin, documented in alerts.yml",
+    ),
+];
+
+/// Runs promtool in deploy/prometheus, or fails saying how to install it.
+fn promtool(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("promtool")
+        .args(args)
+        .current_dir(deploy("prometheus"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "promtool cannot run ({e}): install it with deploy/local/tools.sh (Debian's \
+                 prometheus package; deploy/local/test.sh does this itself)"
+            )
+        })
+}
+
+fn assert_promtool(args: &[&str]) {
+    let out = promtool(args);
+    assert!(
+        out.status.success(),
+        "promtool {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The expression of every alert rule.
+fn alert_expressions() -> Vec<String> {
+    let rules = yaml("prometheus/alerts.yml");
+    let groups = rules["groups"].as_sequence().expect("groups");
+    groups
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+        .map(|r| r["expr"].as_str().expect("expr").to_owned())
+        .collect()
+}
+
+/// The dashboard.
+fn dashboard() -> serde_json::Value {
+    let text = std::fs::read_to_string(deploy("grafana/sendquota.json")).expect("dashboard");
+    serde_json::from_str(&text).expect("the dashboard is JSON")
+}
+
+/// Every query of every panel (rows' panels included) of the dashboard.
+fn dashboard_queries() -> Vec<String> {
+    let dashboard = dashboard();
+    let mut panels: Vec<&serde_json::Value> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .collect();
+    let mut queries = Vec::new();
+    while let Some(panel) = panels.pop() {
+        if let Some(nested) = panel["panels"].as_array() {
+            panels.extend(nested);
+        }
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            queries.push(target["expr"].as_str().expect("a PromQL expr").to_owned());
+        }
+    }
+    queries
+}
+
+/// The metrics the dashboard's variables list values of (`label_values(metric, label)`).
+fn dashboard_variable_metrics() -> Vec<String> {
+    let dashboard = dashboard();
+    dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+        .iter()
+        .filter_map(|v| v["definition"].as_str())
+        .map(|d| {
+            let args = d
+                .strip_prefix("label_values(")
+                .expect("label_values(metric, label)");
+            args.split(',').next().expect("a metric").trim().to_owned()
+        })
+        .collect()
+}
+
+/// The metric names a PromQL expression selects: what is left once strings, label matchers,
+/// ranges, grouping labels, function names, keywords and numbers are taken out.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut bare = String::new();
+    let mut chars = expr.chars().peekable();
+    while let Some(c) = chars.next() {
+        let close = match c {
+            '"' | '\'' | '`' => c,
+            '{' => '}',
+            '[' => ']',
+            _ => {
+                bare.push(c);
+                continue;
+            }
+        };
+        while let Some(inner) = chars.next() {
+            if inner == '\\' && close != '`' {
+                chars.next();
+            } else if inner == close {
+                break;
+            }
+        }
+        bare.push(' ');
+    }
+    const GROUPING: [&str; 6] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    const KEYWORDS: [&str; 7] = ["and", "or", "unless", "bool", "offset", "inf", "nan"];
+    let mut names = BTreeSet::new();
+    let mut rest = bare.as_str();
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+        rest = &rest[start..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '.')))
+            .unwrap_or(rest.len());
+        let (word, after) = rest.split_at(end);
+        let after = after.trim_start();
+        rest = after;
+        if GROUPING.contains(&word) {
+            // Its label list, if any, is not metrics.
+            if let Some(list) = after.strip_prefix('(') {
+                rest = list.split_once(')').map_or("", |(_, r)| r);
+            }
+        } else if word.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+            || KEYWORDS.contains(&word.to_ascii_lowercase().as_str())
+            || after.starts_with('(')
+            || ["by", "without"].iter().any(|g| {
+                after
+                    .strip_prefix(g)
+                    .is_some_and(|r| r.starts_with([' ', '(']))
+            })
+        {
+            // A number or duration, a keyword, or a function (`sum by (x) (...)` too).
+        } else {
+            names.insert(word.to_owned());
+        }
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_found_in_promql_and_nothing_else() {
+    let expr = r#"sum by (le) (rate(a_seconds_bucket{instance=~"$i",x="b_total"}[5m])) /
+        ignoring(kind) group_left sum(c_total offset 1h) > 0.5 and on () d:rule unless e"#;
+    let names: Vec<String> = metric_names(expr).into_iter().collect();
+    assert_eq!(names, ["a_seconds_bucket", "c_total", "d:rule", "e"]);
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
+    assert_promtool(&["check", "rules", "alerts.yml"]);
+    // Each alert fires on the failure it names and stays quiet on a healthy worker.
+    assert_promtool(&["test", "rules", "alerts.test.yml"]);
+    let text = std::fs::read_to_string(deploy("prometheus/alerts.yml")).expect("alerts.yml");
+    for alert in [
+        "SendquotaWorkerDown",
+        "SendquotaWorkerNotReady",
+        "SendquotaDecisionsStalled",
+        "SendquotaDenialWritesFailing",
+        "SendquotaQuarantineGrowing",
+        "SendquotaClockSkew",
+        "SendquotaRequestsNotConsumed",
+    ] {
+        assert!(text.contains(&format!("- alert: {alert}\n")), "{alert}");
+    }
+}
+
+#[test]
+fn every_dashboard_query_is_valid_promql() {
+    // promtool checks expressions in rule files: each query becomes a recording rule, Grafana's
+    // variables replaced as Grafana would.
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 10, "{queries:?}");
+    for (i, query) in queries.iter().enumerate() {
+        let expr = query
+            .replace("$__rate_interval", "5m")
+            .replace("$instance", ".*")
+            .replace("$outcome", ".*");
+        assert!(!expr.contains('$'), "an unknown variable in {query}");
+        let quoted = serde_json::to_string(&expr).expect("a JSON string is a YAML scalar");
+        rules.push_str(&format!(
+            "      - record: dashboard:query_{i}\n        expr: {quoted}\n"
+        ));
+    }
+    let file = TempFile::new(&rules);
+    assert_promtool(&["check", "rules", file.path()]);
+}
+
+/// A real worker, with the admin API, that handled an allowed, a denied and an invalid
+/// message: what its `/metrics` shows, each family's name (a histogram's with `_bucket`,
+/// `_sum` and `_count`) and each sample's.
+async fn names_a_real_worker_exports() -> (BTreeSet<String>, String) {
+    let env = TestEnv::new().await;
+    let config = TempFile::new("[amqp]\nqueue_type = \"classic\"\n");
+    let port = free_port();
+    let mut cmd = env.worker_command();
+    cmd.args(["--config", config.path()])
+        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
+        .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{port}"));
+    let worker = Running::spawn(cmd);
+    wait_until_ready(port).await;
+    env.publish_allowed_denied_invalid().await;
+    let invalid_counted = "sendquota_invalid_messages_total 1";
+    let mut metrics = String::new();
+    for _ in 0..250 {
+        metrics = http(port, "GET", "/metrics", None, "").await.body;
+        if metrics.lines().any(|l| l == invalid_counted) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(worker);
+    let mut names = BTreeSet::new();
+    for line in metrics.lines() {
+        if let Some(declared) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = declared.split_once(' ').expect("# TYPE name kind");
+            names.insert(name.to_owned());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            names.insert(line[..end].to_owned());
+        }
+    }
+    (names, metrics)
+}
+
+#[tokio::test]
+async fn every_metric_the_dashboard_and_the_alert_rules_use_is_one_a_real_worker_exports() {
+    let (exported, metrics) = names_a_real_worker_exports().await;
+    for family in FAMILIES {
+        assert!(
+            exported.contains(family.name),
+            "the worker does not export {} in\n{metrics}",
+            family.name
+        );
+    }
+    let alerts = alert_expressions();
+    let queries = dashboard_queries();
+    let used: BTreeSet<String> = alerts
+        .iter()
+        .chain(&queries)
+        .flat_map(|e| metric_names(e))
+        .chain(dashboard_variable_metrics())
+        .collect();
+    assert!(
+        used.contains("sendquota_decisions_total") && used.contains("sendquota_ready"),
+        "{used:?}"
+    );
+    let unknown: Vec<&String> = used
+        .iter()
+        .filter(|n| !exported.contains(*n))
+        .filter(|n| !EXTERNAL_METRICS.iter().any(|(external, _)| external == n))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "used but not exported by the worker: {unknown:?}\n{metrics}"
+    );
+    let rules = std::fs::read_to_string(deploy("prometheus/alerts.yml")).expect("alerts.yml");
+    assert!(
+        rules.contains("rabbitmq_prometheus"),
+        "the RabbitMQ metric's source is documented"
+    );
 }

@@ -21,6 +21,7 @@ mod faults;
 mod headline_rule_zones;
 mod input_fuzz;
 mod invalid_messages;
+mod observability;
 mod policy_outcomes;
 mod replay;
 mod resilience;

@@ -394,6 +394,30 @@ impl TestEnv {
         }
     }
 
+    /// Publishes one message of each kind an operator watches and waits until each has its
+    /// outcome: `allowed` (alice's first today under the headline rule), `denied` (her second)
+    /// and a body that is not a request, with message id `invalid`.
+    pub async fn publish_allowed_denied_invalid(&self) {
+        let mut seen = HashMap::new();
+        self.publish(&request("allowed", "alice", "UTC")).await;
+        assert!(
+            self.outcome("allowed", &mut seen).await,
+            "allowed is dispatched"
+        );
+        self.publish(&request("denied", "alice", "UTC")).await;
+        assert!(!self.outcome("denied", &mut seen).await, "denied is denied");
+        let properties = BasicProperties::default().with_message_id("invalid".into());
+        self.publisher
+            .publish(&self.names.requests, "", b"not json", properties)
+            .await
+            .expect("publish request");
+        let deadline = Instant::now() + OUTCOME_TIMEOUT;
+        while self.drain(&self.names.invalid).await.is_empty() {
+            assert!(Instant::now() < deadline, "the invalid body was routed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Takes every message waiting in `queue`.
     pub async fn drain(&self, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
         let mut out = Vec::new();

@@ -77,3 +77,94 @@ pub fn run_for(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Run {
         elapsed,
     }
 }
+
+/// A long-running `sendquota` process (a worker) whose output lines, stdout's and stderr's,
+/// are collected as they come; killed (the process this test started, by its handle) when
+/// dropped.
+pub struct Running {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Starts `cmd` with both outputs captured.
+    pub fn spawn(mut cmd: Command) -> Running {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the sendquota binary");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let out = child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>);
+        let err = child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>);
+        let readers = [out, err]
+            .into_iter()
+            .flatten()
+            .map(|pipe| {
+                let lines = lines.clone();
+                std::thread::spawn(move || {
+                    for line in std::io::BufRead::lines(std::io::BufReader::new(pipe)) {
+                        let Ok(line) = line else { break };
+                        lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+                    }
+                })
+            })
+            .collect();
+        Running {
+            child,
+            lines,
+            readers,
+        }
+    }
+
+    /// The lines written so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits (up to `limit`) until `done` holds for the lines written so far; panics with them
+    /// and `what` otherwise.
+    pub async fn wait_for(&self, what: &str, limit: Duration, done: impl Fn(&[String]) -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let lines = self.lines();
+            if done(&lines) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} within {limit:?}; the process wrote:\n{}",
+                lines.join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Kills the process and returns every line it wrote.
+    pub fn stop(mut self) -> Vec<String> {
+        self.kill();
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = reader.join();
+        }
+        self.lines()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
