@@ -241,7 +241,10 @@ impl Pipeline {
             self.marks.mark_dispatched(message, decoded.now).await?;
             Ok::<_, HandleError>(())
         };
-        claim.held_while(&self.limiter, message, work).await?;
+        {
+            let work = std::pin::pin!(work);
+            claim.held_while(&self.limiter, message, work).await?;
+        }
         Ok(Handled::Dispatched {
             shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
         })
