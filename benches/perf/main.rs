@@ -13,7 +13,7 @@
 //!   DEFAULT settings (prefetch and concurrency from src/config.rs; `--worker-prefetch N` sets
 //!   both to N to measure a candidate default), against (a2), with p50/p99 decision latency
 //!   from its /metrics histogram; run twice like the relay, each run timed from the worker's
-//!   readiness as the relay times itself from its open channels. The binary is this package's,
+//!   spawn (its start-up is part of what it must win back against the relay). The binary is this package's,
 //!   or the one `SENDQUOTA_PERF_WORKER_BIN=/path/to/sendquota` names (another build of the
 //!   worker, an older commit's), so that one bench binary drives both sides of an A/B;
 //! - (d) the worker's CPU per message and peak RSS, beside the floor under it: the same broker

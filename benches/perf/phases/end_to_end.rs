@@ -34,7 +34,7 @@ const RSS_MAX_MIB: f64 = 100.0;
 /// (a2) the broker's ceiling, on the worker's topology (quorum requests queue -> dispatch
 /// exchange -> the sink queue) in its own namespace, run before and after (c); (c) and (d), the
 /// worker binary end to end, run twice like the relay, in the order a2 c floor floor c a2.
-/// Returns (c)'s rate from readiness, which (g) publishes at half of.
+/// Returns (c)'s rate from spawn, which (g) publishes at half of.
 pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f64 {
     let procs = &bench.procs;
     let m = bench.args.messages;
@@ -86,7 +86,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
     c
 }
 
-/// (c)'s rate against (a2) and its decision latency. Returns the rate from readiness.
+/// (c)'s rate against (a2) and its decision latency. Returns the rate from spawn.
 fn throughput_figures(
     report: &mut Report,
     e2e: &EndToEnd,
@@ -94,18 +94,18 @@ fn throughput_figures(
     a2_rate: f64,
     worker: &WorkerChoice,
 ) -> f64 {
-    // Timed from readiness, as the relay times itself from its open channels; from spawn
-    // shown beside it.
-    let c = rate(2 * m, e2e.elapsed.saturating_sub(e2e.ready));
-    let c_spawn = rate(2 * m, e2e.elapsed);
+    // Timed from spawn, as an operator starting a worker on a backlog sees it: start-up is
+    // part of what (c) must win back. From readiness shown beside it.
+    let c = rate(2 * m, e2e.elapsed);
+    let c_ready = rate(2 * m, e2e.elapsed.saturating_sub(e2e.ready));
     report.figure(
         "(c) worker binary end to end",
         format!("{c:.0} msgs/s"),
         "(a2)",
         Some(c / a2_rate),
         &format!(
-            ">= {:.0}% (runs: {}; {} dispatched, {} denied; {}; from readiness; from spawn \
-             {c_spawn:.0} msgs/s, {:.0}%)",
+            ">= {:.0}% (runs: {}; {} dispatched, {} denied; {}; from spawn; from readiness \
+             {c_ready:.0} msgs/s, {:.0}%)",
             END_TO_END_MIN_RATIO * 100.0,
             e2e.runs
                 .iter()
@@ -115,7 +115,7 @@ fn throughput_figures(
             e2e.dispatched,
             e2e.denied,
             worker.describe(),
-            c_spawn / a2_rate * 100.0
+            c_ready / a2_rate * 100.0
         ),
         Some(c / a2_rate >= END_TO_END_MIN_RATIO),
     );
@@ -262,7 +262,7 @@ async fn end_to_end(
         ready,
         dispatched: queued(env, &env.dispatched_queue).await,
         denied: env.denial_rows().await as usize,
-        runs: vec![rate(n, elapsed.saturating_sub(ready))],
+        runs: vec![rate(n, elapsed)],
         hwm_kib,
         decision: histogram(&metrics, DECISION_SECONDS),
         dispatch: histogram(&metrics, DISPATCH_SECONDS),
@@ -349,7 +349,7 @@ struct EndToEnd {
     elapsed: Duration,
     /// From the worker's spawn to its first ready answer on `/readyz`.
     ready: Duration,
-    /// Each run's rate from readiness, msgs/s.
+    /// Each run's rate from spawn, msgs/s.
     runs: Vec<f64>,
     dispatched: usize,
     denied: usize,
