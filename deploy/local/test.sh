@@ -12,7 +12,9 @@ deploy/local/services.sh
 deploy/local/tools.sh
 redis_dir=$(mktemp -d /tmp/sendquota-redis.XXXXXX)
 tls_dir=$(mktemp -d /tmp/sendquota-tls.XXXXXX)
-trap 'deploy/local/redis-private.sh stop "$redis_dir"; deploy/local/tls-servers.sh stop "$tls_dir"' EXIT
+# The run's status is the tests' own: a hiccup while stopping the private servers (under set -e
+# the first failing command of the trap would become the exit status) must not turn it.
+trap 'rc=$?; set +e; deploy/local/redis-private.sh stop "$redis_dir"; deploy/local/tls-servers.sh stop "$tls_dir"; exit $rc' EXIT
 # The TLS servers take about 10 s to start (RabbitMQ's boot): they start while the tests build.
 deploy/local/tls-servers.sh start "$tls_dir" > "$tls_dir.env" &
 tls_started=$!

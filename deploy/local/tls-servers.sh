@@ -55,7 +55,9 @@ node_pids() {
     read -r comm 2>/dev/null <"$f" || continue
     [ "$comm" = beam.smp ] || continue
     pid=${f#/proc/}; pid=${pid%/comm}
-    tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qx "RABBITMQ_NODENAME=$1" && echo "$pid"
+    # grep -z reads the NUL-separated environment itself: `tr | grep -q` under pipefail failed
+    # with SIGPIPE whenever grep stopped reading before tr had written everything.
+    grep -qxz "RABBITMQ_NODENAME=$1" "/proc/$pid/environ" 2>/dev/null && echo "$pid"
   done
   return 0
 }
