@@ -4,9 +4,10 @@
 //! - (a1) ceiling: the calendar_quota decision script driven by a bare pipelined redis-rs loop
 //!   (the exact EVALSHA the limiter sends for the headline rule), decisions/s;
 //! - (a2) ceiling: a no-work relay through RabbitMQ from a quorum queue to the dispatch
-//!   exchange (prefetch 1000, publisher confirms and acks handled concurrently), msgs/s. It
-//!   keeps its own prefetch whatever the worker's: it is the broker's and the client's best,
-//!   and a ceiling lowered to the worker's setting would flatter (c)'s ratio;
+//!   exchange (prefetch 1000, publisher confirms awaited, acks coalesced), msgs/s, in the
+//!   fastest shape measured (`relay::RelayShape::CEILING`, printed beside it). It keeps its own
+//!   prefetch, threads and ack strategy whatever the worker's: it is the broker's and the
+//!   client's best, and a ceiling shaped like the worker would flatter (c)'s ratio;
 //! - (b) the decision path (`Limiter::evaluate`, commit, no broker): the headline rule alone and
 //!   with two more kinds, against (a1);
 //! - (c) the worker binary end to end (quorum queue, half dispatched and half denied), at its

@@ -207,8 +207,8 @@ fn notes(report: &mut Report, e2e: &EndToEnd, m: usize) {
     ));
     report.note(format!(
         "(c) the worker was ready (consuming, Redis and Postgres reachable) {:.0} ms after \
-         spawn, both runs together: process start, connections, topology. Its rate is timed from then, as (a2) times \
-         itself from its open channels; the table's (c) row and (d) count from spawn. \
+         spawn, both runs together: process start, connections, topology, all inside its rate, \
+         which is timed from spawn (the rate from readiness is beside the verdict). \
          Dispatch publish+confirm p50/p99 {} / {}; denial write p50/p99 {} / {}",
         e2e.ready.as_secs_f64() * 1e3,
         ms(e2e.dispatch.quantile(0.5)),
