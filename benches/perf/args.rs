@@ -22,6 +22,8 @@ pub struct Args {
     /// 0: the worker's defaults.
     pub worker_prefetch: usize,
     pub latency_seconds: usize,
+    /// `--decision-phases-only 1`: the warm-up, (a1) and (b) only, no broker, no worker.
+    pub decision_phases_only: usize,
 }
 
 /// The flags, normalised so that every phase divides into whole slices and rounds.
@@ -40,6 +42,7 @@ pub fn parse() -> Args {
         hot_decisions: 200_000,
         worker_prefetch: 0,
         latency_seconds: 10,
+        decision_phases_only: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -57,13 +60,14 @@ pub fn parse() -> Args {
             "--hot-decisions" => &mut out.hot_decisions,
             "--worker-prefetch" => &mut out.worker_prefetch,
             "--latency-seconds" => &mut out.latency_seconds,
+            "--decision-phases-only" => &mut out.decision_phases_only,
             "--bench" => continue,
             other => {
                 eprintln!(
                     "unknown argument {other}; flags: --decisions --concurrency --pipeline \
                      --in-flight --messages --recipients --small-recipients --pool-decisions \
                      --sample --hot-recipients --hot-decisions --worker-prefetch \
-                     --latency-seconds (each takes a whole number)"
+                     --latency-seconds --decision-phases-only (each takes a whole number)"
                 );
                 std::process::exit(2)
             }
