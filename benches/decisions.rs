@@ -4,12 +4,23 @@
 //! script ran, per decision: the figures to compare when a kind's script changes (Redis's own
 //! counters, so they do not depend on how busy the client side is).
 //!
+//! Then the headline path, `--versus N` decisions, `--versus-concurrency C` in flight (50), each
+//! to a new recipient (all allowed): as the row above decides (`Limiter::evaluate`: the calendar
+//! quota and the dispatch-mark read in one EVALSHA) and as the worker decides
+//! (`Limiter::evaluate_claimed`: with the in-flight claim too), against rate-limiter-flexible's
+//! fixed-window counter script (no Node here: the same three commands over this bench's redis-rs
+//! client) and against a bare script of three commands (SET, PEXPIRE, GET), in alternating
+//! slices: decisions per second, and what each call costs Redis (its process's CPU time, when it
+//! runs on this machine, and its time inside EVALSHA).
+//! Run it against a private Redis (`deploy/local/redis-private.sh single DIR`, then
+//! `SENDQUOTA_REDIS_URL=<the URL it prints>`): Redis's figures are server-wide.
+//!
 //! Last, the first messages of `--hostile` distinct recipients whose ids are hostile to key
 //! building (braces, colons, percent signs, emoji), each allowed and given one key, against
 //! the budget of 30 s for 100,000 that the suite once asserted.
 //!
 //! `cargo bench --bench decisions -- [--decisions N] [--concurrency C] [--recipients R]
-//! [--hostile N]`
+//! [--versus N] [--versus-concurrency C] [--hostile N]`
 
 #[allow(dead_code)]
 mod common;
@@ -24,9 +35,11 @@ use std::time::Instant;
 use chrono::{DateTime, Duration, Utc};
 use futures_util::StreamExt;
 use sendquota::config::Settings;
+use sendquota::internals::claim::Claim;
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::Policy;
+use sendquota::internals::store::RedisConn;
 
 const KINDS: [(&str, &str); 10] = [
     ("calendar_quota (headline)", "kind = \"calendar_quota\""),
@@ -40,6 +53,54 @@ const KINDS: [(&str, &str); 10] = [
     ("zset_window", "kind = \"zset_window\"\nlimit = 5\nwindow = \"1h\""),
     ("quiet_hours", "kind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\""),
 ];
+
+/// rate-limiter-flexible's fixed-window counter as the stand-in the headline path is compared
+/// with: add the points to the window's counter, give a new window its expiry, read the time
+/// left; three commands, one key, two arguments, as its Redis store's script.
+const FIXED_WINDOW_COUNTER: &str = "\
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2], 'NX')
+return {n, redis.call('PTTL', KEYS[1])}";
+
+/// The sides of the comparison, in the order each round runs them.
+#[derive(Clone, Copy)]
+enum Side {
+    Headline,
+    HeadlineClaimed,
+    FixedWindow,
+    Bare,
+}
+
+impl Side {
+    const ALL: [Side; 4] = [
+        Side::Headline,
+        Side::HeadlineClaimed,
+        Side::FixedWindow,
+        Side::Bare,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Side::Headline => "headline: evaluate (quota, mark)",
+            Side::HeadlineClaimed => "headline: evaluate_claimed (+ claim)",
+            Side::FixedWindow => "fixed-window counter script",
+            Side::Bare => "bare script: SET, PEXPIRE, GET",
+        }
+    }
+}
+
+/// What one side cost over its slices.
+#[derive(Default, Clone, Copy)]
+struct Cost {
+    calls: usize,
+    allowed: usize,
+    secs: f64,
+    /// The Redis server's CPU time, in clock ticks (0 when it is not on this machine).
+    redis_ticks: u64,
+    /// Microseconds inside EVALSHA and commands run by scripts, from INFO commandstats.
+    evalsha_us: u64,
+    inner_commands: u64,
+}
 
 fn policy(rule: &str) -> Policy {
     Settings::from_toml(&format!("[[rules]]\nname = \"r\"\n{rule}\n"), |_| None)
@@ -90,6 +151,16 @@ fn script_cost(
     after: &BTreeMap<String, (u64, u64)>,
     n: usize,
 ) -> (f64, f64) {
+    let (evalsha_us, inner) = script_totals(before, after);
+    (evalsha_us as f64 / n as f64, inner as f64 / n as f64)
+}
+
+/// Microseconds inside EVALSHA, and how many commands the scripts ran, between two snapshots
+/// of `common::command_stats`.
+fn script_totals(
+    before: &BTreeMap<String, (u64, u64)>,
+    after: &BTreeMap<String, (u64, u64)>,
+) -> (u64, u64) {
     let delta = |name: &str| {
         let (c0, u0) = before.get(name).copied().unwrap_or((0, 0));
         let (c1, u1) = after.get(name).copied().unwrap_or((0, 0));
@@ -100,10 +171,7 @@ fn script_cost(
         .filter(|name| !matches!(name.as_str(), "evalsha" | "info" | "script|load"))
         .map(|name| delta(name).0)
         .sum();
-    (
-        delta("evalsha").1 as f64 / n as f64,
-        inner as f64 / n as f64,
-    )
+    (delta("evalsha").1, inner)
 }
 
 #[tokio::main]
@@ -133,6 +201,14 @@ async fn main() {
         );
         support::delete_keys(&mut redis.clone(), &format!("{namespace}:*")).await;
     }
+    versus(
+        &redis,
+        &limiter,
+        common::flag("--versus", 60_000),
+        common::flag("--versus-concurrency", 50),
+    )
+    .await;
+    support::delete_keys(&mut redis.clone(), &format!("{namespace}:*")).await;
     let hostile = common::flag("--hostile", 100_000);
     let policy = Arc::new(Policy::headline(chrono_tz::UTC));
     let started = Instant::now();
@@ -174,4 +250,157 @@ async fn first_messages_to_hostile_ids(
         .buffer_unordered(concurrency)
         .fold(0, |sum, one| async move { sum + one })
         .await
+}
+
+/// What the comparison's calls share: the limiter and policy of the headline sides, the two
+/// scripts, and a request per call (a new recipient each).
+struct Versus<'a> {
+    limiter: &'a Limiter,
+    headline: Policy,
+    at: DateTime<Utc>,
+    prefix: String,
+    /// One slice per side and round: call `i` of side `s` decides `messages[s * n + i]`.
+    messages: Vec<SendRequest>,
+    n: usize,
+    fixed_window: redis::Script,
+    bare: redis::Script,
+}
+
+impl Versus<'_> {
+    /// Call `i` of `side`; whether it was allowed.
+    async fn call(&self, side: Side, i: usize, mut conn: RedisConn) -> bool {
+        let message = &self.messages[side as usize * self.n + i];
+        let key = |what: &str| format!("{}:{what}:{}", self.prefix, message.recipient);
+        match side {
+            Side::Headline => {
+                let e = self
+                    .limiter
+                    .evaluate(&self.headline, message, self.at, true);
+                e.await.expect("evaluate").committed
+            }
+            Side::HeadlineClaimed => {
+                let claim = Claim::new(30_000);
+                let e = (self.limiter).evaluate_claimed(&self.headline, message, self.at, &claim);
+                e.await.expect("evaluate_claimed").committed
+            }
+            Side::FixedWindow => {
+                let (count, _ttl): (i64, i64) = self
+                    .fixed_window
+                    .key(key("fw"))
+                    .arg(1)
+                    .arg(3_600_000)
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("fixed-window script");
+                count <= 3
+            }
+            Side::Bare => {
+                let _: String = (self.bare.key(key("bare")).arg("v").arg(3_600_000))
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("bare script");
+                true
+            }
+        }
+    }
+}
+
+/// The headline path against the fixed-window counter and the bare script: `n` calls a side,
+/// `concurrency` in flight, in rounds of alternating slices, each call to a key of its own.
+async fn versus(redis: &RedisConn, limiter: &Limiter, n: usize, concurrency: usize) {
+    const ROUNDS: usize = 4;
+    let slice = n.div_ceil(ROUNDS);
+    let n = slice * ROUNDS;
+    let prefix = support::unique("vs");
+    let versus = Versus {
+        limiter,
+        headline: Policy::headline(chrono_tz::UTC),
+        at: "2026-04-01T12:00:00Z".parse().expect("instant"),
+        messages: (0..Side::ALL.len() * n)
+            .map(|i| {
+                let body = support::request(&format!("m{i}"), &format!("{prefix}r{i}"), "UTC");
+                SendRequest::decode(body.to_string().as_bytes(), 1 << 16).expect("valid")
+            })
+            .collect(),
+        prefix,
+        n,
+        fixed_window: redis::Script::new(FIXED_WINDOW_COUNTER),
+        bare: redis::Script::new(common::BARE_SCRIPT),
+    };
+    // Loaded first, so that no side's first calls are refused and sent again.
+    for script in [&versus.fixed_window, &versus.bare] {
+        let loaded = script.load_async(&mut redis.clone()).await;
+        loaded.expect("SCRIPT LOAD");
+    }
+    let pid = common::local_redis_pid(&mut redis.clone()).await;
+    let ticks = || pid.as_deref().and_then(common::cpu_ticks).unwrap_or(0);
+    let mut costs = [Cost::default(); Side::ALL.len()];
+    for round in 0..ROUNDS {
+        let range = round * slice..(round + 1) * slice;
+        for (side, cost) in Side::ALL.into_iter().zip(costs.iter_mut()) {
+            let before = (common::command_stats(&mut redis.clone()).await, ticks());
+            let began = Instant::now();
+            let allowed: usize = futures_util::stream::iter(range.clone())
+                .map(|i| versus.call(side, i, redis.clone()))
+                .buffer_unordered(concurrency)
+                .fold(0, |a, b| async move { a + usize::from(b) })
+                .await;
+            let secs = began.elapsed().as_secs_f64();
+            let after = (common::command_stats(&mut redis.clone()).await, ticks());
+            let (evalsha_us, inner) = script_totals(&before.0, &after.0);
+            *cost = Cost {
+                calls: cost.calls + range.len(),
+                allowed: cost.allowed + allowed,
+                secs: cost.secs + secs,
+                redis_ticks: cost.redis_ticks + after.1.saturating_sub(before.1),
+                evalsha_us: cost.evalsha_us + evalsha_us,
+                inner_commands: cost.inner_commands + inner,
+            };
+        }
+    }
+    support::delete_keys(&mut redis.clone(), &format!("{}*", versus.prefix)).await;
+    println!();
+    println!(
+        "{n} calls a side, {concurrency} in flight, each to a new key (all allowed), {ROUNDS} \
+         rounds of alternating slices; Redis's CPU per call {}",
+        if pid.is_some() {
+            "from /proc"
+        } else {
+            "not known (Redis is not on this machine)"
+        }
+    );
+    print_versus(&costs, 1e6 / common::clock_ticks_per_second());
+}
+
+/// The comparison's table, and the headline sides against the fixed-window counter (decisions
+/// per second) and the bare script (Redis's time per call).
+fn print_versus(costs: &[Cost; Side::ALL.len()], tick_us: f64) {
+    println!(
+        "{:<40} {:>12} {:>8} {:>14} {:>14} {:>13}",
+        "side", "calls/s", "allowed", "redis CPU us", "evalsha us", "commands"
+    );
+    let redis_us = |c: &Cost| c.redis_ticks as f64 * tick_us / c.calls.max(1) as f64;
+    let evalsha_us = |c: &Cost| c.evalsha_us as f64 / c.calls.max(1) as f64;
+    let rate = |c: &Cost| c.calls as f64 / c.secs;
+    for (side, c) in Side::ALL.iter().zip(costs) {
+        println!(
+            "{:<40} {:>12.0} {:>7.0}% {:>14.2} {:>14.2} {:>13.2}",
+            side.name(),
+            rate(c),
+            100.0 * c.allowed as f64 / c.calls.max(1) as f64,
+            redis_us(c),
+            evalsha_us(c),
+            c.inner_commands as f64 / c.calls.max(1) as f64
+        );
+    }
+    let [headline, claimed, fixed, bare] = costs;
+    for (name, side) in [("evaluate", headline), ("evaluate_claimed", claimed)] {
+        println!(
+            "headline {name}: {:.2}x the fixed-window counter's decisions per second; Redis's \
+             time per call {:.2}x the bare script's CPU, {:.2}x inside EVALSHA",
+            rate(side) / rate(fixed),
+            redis_us(side) / redis_us(bare),
+            evalsha_us(side) / evalsha_us(bare)
+        );
+    }
 }

@@ -13,7 +13,7 @@
 --       TOKEN when it commits (a refused message holds no claim).
 -- ARGV: NOW_MS, MESSAGE_ID, MODE, COST, RULE_COUNT, then per rule:
 --       KIND, ENFORCE (1 = a refusal blocks the message, 0 = shadow rule), NARGS, ARG_1..ARG_NARGS;
---       then, with the claims key, TOKEN and LEASE_MS.
+--       then, with the claims key, TOKEN and LEASE_MS (the last two).
 --   MODE: 'check'  = evaluate only, write nothing;
 --         'commit' = evaluate, and if no enforcing rule refuses, consume in every rule that
 --                    allowed and had not admitted MESSAGE_ID before;
@@ -24,96 +24,112 @@
 --         'renew'   = (no rules) extend TOKEN's claim by LEASE_MS: {1}, or {0} when TOKEN
 --                    does not hold it any more;
 --         'release' = (no rules) drop TOKEN's claim: {1}, or {0} when TOKEN did not hold it.
--- Reply: {COMMITTED, {ALLOWED, ALREADY, REMAINING, RETRY, DETAIL} per rule} (the kind files
---        say what REMAINING, RETRY and DETAIL mean for them); for 'refund', {1}; for a
---        message already dispatched, {2}; for one another delivery holds, {3, WAIT_MS}.
+-- Reply: {COMMITTED, then ALLOWED, ALREADY, REMAINING, RETRY, DETAIL of each rule in turn}, one
+--        flat array (the kind files say what REMAINING, RETRY and DETAIL mean for them): Redis
+--        converts every table of a reply separately, a nested one costing as much as the rest;
+--        for 'refund', {1}; for a message already dispatched, {2}; for one another delivery
+--        holds, {3, WAIT_MS}.
+--
+-- A rule's slice of ARGV is handed to its kind as arguments (unpack), not copied into a table.
 
-local ctx = {now = tonumber(ARGV[1]), now_arg = ARGV[1], id = ARGV[2], cost = tonumber(ARGV[4])}
 local mode = ARGV[3]
-local count = tonumber(ARGV[5])
-local rules = {}
+local count = ARGV[5] + 0
+local marks, claims = KEYS[2 * count + 1], KEYS[2 * count + 2]
+local token, lease
+if claims then
+  token, lease = ARGV[#ARGV - 1], ARGV[#ARGV]
+end
+
+if mode == 'renew' or mode == 'release' or mode == 'refund' then
+  -- Every kind is known before anything is given back: an error stops a script, not what it
+  -- already wrote.
+  local pos = 6
+  for _ = 1, count do
+    if not KINDS[ARGV[pos]] then
+      return redis.error_reply('sendquota: unknown limiter kind ' .. tostring(ARGV[pos]))
+    end
+    pos = pos + 3 + ARGV[pos + 2]
+  end
+  pos = 6
+  for i = 1, count do
+    local last = pos + 2 + ARGV[pos + 2]
+    KINDS[ARGV[pos]].refund(KEYS[2 * i - 1], KEYS[2 * i], unpack(ARGV, pos + 3, last))
+    pos = last + 1
+  end
+  if not claims then
+    return {1}
+  end
+  local holder, expires = claim_of(claims, ID)
+  local now = server_ms()
+  if holder ~= token or (mode == 'renew' and expires <= now) then
+    return {mode == 'refund' and 1 or 0}
+  end
+  if mode == 'renew' then
+    hold_claim(claims, ID, token, now, lease, true)
+  else
+    redis.call('HDEL', claims, ID)
+  end
+  return {1}
+end
+
+if marks then
+  local expires = redis.call('ZSCORE', marks, ID)
+  if expires and expires + 0 > NOW_ARG + 0 then
+    return {2}
+  end
+end
+
+-- Redis's clock is read only when a claim is compared or written: a refused message never
+-- needs it.
+local claim_now
+if claims then
+  local holder, expires = claim_of(claims, ID)
+  if holder and holder ~= token then
+    claim_now = server_ms()
+    if expires > claim_now then
+      return {3, int(expires - claim_now)}
+    end
+  end
+  if mode == 'claim' then
+    hold_claim(claims, ID, token, claim_now or server_ms(), lease)
+    return {1}
+  end
+end
+
+-- Sized for one rule, the usual scope: growing a table slot by slot reallocates it each time.
+local reply = count > 0 and {0, 0, 0, 0, 0, 0} or {0}
+local seen = {false}
+local blocked = false
 local pos = 6
 for i = 1, count do
   local kind = KINDS[ARGV[pos]]
   if not kind then
     return redis.error_reply('sendquota: unknown limiter kind ' .. tostring(ARGV[pos]))
   end
-  local nargs = tonumber(ARGV[pos + 2])
-  -- One constructor sizes the table once; filling it element by element would grow it 1, 2,
-  -- 4, 8, reallocating at each step, for every rule of every call.
-  local args = {unpack(ARGV, pos + 3, pos + 2 + nargs)}
-  rules[i] = {
-    kind = kind, enforce = ARGV[pos + 1] == '1', args = args,
-    key = KEYS[2 * i - 1], ids = KEYS[2 * i], result = false,
-  }
-  pos = pos + 3 + nargs
-end
-
-local marks = KEYS[2 * count + 1]
-local claims = KEYS[2 * count + 2]
-local token, lease = ARGV[pos], tonumber(ARGV[pos + 1])
-
-if mode == 'renew' or mode == 'release' or mode == 'refund' then
-  for i = 1, count do
-    local r = rules[i]
-    r.kind.refund(r.key, r.ids, r.args, ctx)
-  end
-  if not claims then
-    return {1}
-  end
-  local holder, expires = claim_of(claims, ctx.id)
-  local now = server_ms()
-  if holder ~= token or (mode == 'renew' and expires <= now) then
-    return {mode == 'refund' and 1 or 0}
-  end
-  if mode == 'renew' then
-    hold_claim(claims, ctx.id, token, now, lease)
-  else
-    redis.call('HDEL', claims, ctx.id)
-  end
-  return {1}
-end
-
-if marks then
-  local expires = redis.call('ZSCORE', marks, ctx.id)
-  if expires and tonumber(expires) > ctx.now then
-    return {2}
-  end
-end
-
-local claim_now = claims and server_ms()
-if claims then
-  local holder, expires = claim_of(claims, ctx.id)
-  if holder and holder ~= token and expires > claim_now then
-    return {3, int(expires - claim_now)}
-  end
-  if mode == 'claim' then
-    hold_claim(claims, ctx.id, token, claim_now, lease)
-    return {1}
-  end
-end
-
-local blocked = false
-local reply = {0}
-for i = 1, count do
-  local r = rules[i]
-  local result = r.kind.check(r.key, r.ids, r.args, ctx)
-  if result[1] == 0 and r.enforce then
+  local last = pos + 2 + ARGV[pos + 2]
+  local result = kind.check(KEYS[2 * i - 1], KEYS[2 * i], unpack(ARGV, pos + 3, last))
+  if result[1] == 0 and ARGV[pos + 1] == '1' then
     blocked = true
   end
-  r.result = result
-  reply[i + 1] = result
+  seen[i] = result
+  local at = 5 * i - 3
+  reply[at], reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+    result[1], result[2], result[3], result[4], result[5]
+  pos = last + 1
 end
 
 if mode == 'commit' and not blocked then
+  pos = 6
   for i = 1, count do
-    local r = rules[i]
-    if r.result[1] == 1 and r.result[2] == 0 then
-      r.kind.commit(r.key, r.ids, r.args, ctx, r.result)
+    local last = pos + 2 + ARGV[pos + 2]
+    local result = seen[i]
+    if result[1] == 1 and result[2] == 0 then
+      KINDS[ARGV[pos]].commit(KEYS[2 * i - 1], KEYS[2 * i], result, unpack(ARGV, pos + 3, last))
     end
+    pos = last + 1
   end
   if claims then
-    hold_claim(claims, ctx.id, token, claim_now, lease)
+    hold_claim(claims, ID, token, claim_now or server_ms(), lease)
   end
   reply[1] = 1
 end

@@ -1,30 +1,48 @@
 -- prelude.lua: shared helpers for the composed decision script.
 --
 -- The decision script is this file, then one file per limiter kind (each registers itself in
--- KINDS), then decide.lua, concatenated when the crate is built. Every kind provides:
---   check(key, ids, args, ctx)  -> {allowed, already, remaining, retry, detail}   (reads only)
---   commit(key, ids, args, ctx, result)   (consumes for ctx.id, sets expiries; `result` is the
---                                          table check returned, which may carry named fields
---                                          for it: Redis replies with the array part only, but
---                                          reads err, ok, double, map, set, big_number and
---                                          verbatim_string as reply types, so never those)
---   refund(key, ids, args, ctx)                            (gives back what ctx.id took)
+-- KINDS), then decide.lua, concatenated when the crate is built. Every kind provides, where
+-- `...` is the rule's slice of ARGV (its arguments, as strings, in the order its file lists):
+--   check(key, ids, ...)  -> {allowed, already, remaining, retry, detail}   (reads only)
+--   commit(key, ids, seen, ...)   (consumes for ID, sets expiries; `seen` is the table check
+--                                  returned, which may carry more for it past the reply's
+--                                  five: named fields, or further array slots. Redis is only
+--                                  ever handed the five, but reads err, ok, double, map, set,
+--                                  big_number and verbatim_string as reply types, so never
+--                                  those names)
+--   refund(key, ids, ...)                              (gives back what ID took)
 -- `key` holds the rule's state; `ids` is a sorted set of admitted message ids (score = the
 -- worker's ms when admitted) for kinds whose state cannot hold ids. `allowed` and `already`
--- are 0/1; `already` = 1 when ctx.id was admitted before and consumes nothing again.
+-- are 0/1; `already` = 1 when ID was admitted before and consumes nothing again.
 -- `retry` is when the rule would next admit this message (epoch ms of the worker's clock, or
 -- a day number for calendar_quota), -1 when it admits it now or never will.
--- ctx = {now = worker ms, now_arg = the same as the worker wrote it, id = message id,
---        cost = the message's cost}.
+-- The message being decided is the same for every rule of a call: NOW_ARG and ID below, and
+-- NOW and COST, which kinds read as upvalues rather than from a table built per call.
 --
 -- All arithmetic is on integers below 2^53 (the worker scales rates so that it is), so the
 -- results are exact and equal to the Rust reference models'.
+--
+-- Redis runs this whole file on every call, and its Lua allocates every table, closure and
+-- converted string anew each time (and collects them later); those costs are most of a
+-- decision's time inside Redis (docs/redis-time.md). Hence: a string is converted to a number
+-- with `+ 0`, one strtod, where tonumber runs two; numbers handed to redis.call are formatted
+-- by int() ('%d', an integer's cheap path) or passed on as the ARGV strings they came as;
+-- script_for keeps of this file only the paragraphs something in the script uses.
 
 local KINDS = {}
 
+-- The worker's instant of the decision, as it wrote it (epoch ms), and the message id.
+local NOW_ARG, ID = ARGV[1], ARGV[2]
+
+-- NOW_ARG as a number, for the kinds that compute with it.
+local NOW = NOW_ARG + 0
+
+-- The message's cost, for the kinds that take it.
+local COST = ARGV[4] + 0
+
 -- An integer as a string without exponent, for values written to Redis.
 local function int(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 -- Make sure `key` lives at least `ttl_ms` more milliseconds. Expiries are durations computed
@@ -32,11 +50,10 @@ end
 -- may differ from the worker's (skew, or a simulated clock in tests). An expiry is never
 -- shortened, and a key always has one after this call. `fresh` says the caller created the key
 -- in this script (it has no expiry yet), which saves the extra calls. `ttl_ms` is a number, or
--- an ARGV string: one holding a whole number of at least 1 is passed on as it is, which spares
--- formatting it again.
+-- an ARGV string, which the worker writes as a whole number of at least 1, passed on as it is.
 local function expire_in_at_least(key, ttl_ms, fresh)
-  if type(ttl_ms) ~= 'string' or tonumber(ttl_ms) < 1 then
-    ttl_ms = math.max(math.ceil(tonumber(ttl_ms)), 1)
+  if type(ttl_ms) ~= 'string' then
+    ttl_ms = int(math.max(math.ceil(ttl_ms), 1))
   end
   if fresh then
     redis.call('PEXPIRE', key, ttl_ms)
@@ -53,19 +70,22 @@ local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
--- The ms at which ctx.id was admitted, if that was less than `memory_ms` ago.
-local function admitted_at(ids, ctx, memory_ms)
-  local at = redis.call('ZSCORE', ids, ctx.id)
-  if at and tonumber(at) > ctx.now - memory_ms then
-    return tonumber(at)
+-- The ms at which ID was admitted, if that was less than `memory_ms` ago.
+local function admitted_at(ids, memory_ms)
+  local at = redis.call('ZSCORE', ids, ID)
+  if at then
+    at = at + 0
+    if at > NOW - memory_ms then
+      return at
+    end
   end
   return nil
 end
 
--- Records ctx.id as admitted now, forgetting ids older than `memory_ms`.
-local function remember(ids, ctx, memory_ms)
-  redis.call('ZREMRANGEBYSCORE', ids, '-inf', ctx.now - memory_ms)
-  redis.call('ZADD', ids, ctx.now_arg, ctx.id)
+-- Records ID as admitted now, forgetting ids older than `memory_ms`.
+local function remember(ids, memory_ms)
+  redis.call('ZREMRANGEBYSCORE', ids, '-inf', int(NOW - memory_ms))
+  redis.call('ZADD', ids, NOW_ARG, ID)
   expire_in_at_least(ids, memory_ms)
 end
 
@@ -74,7 +94,7 @@ local function hash_numbers(key)
   local flat = redis.call('HGETALL', key)
   local out = {}
   for i = 1, #flat, 2 do
-    out[flat[i]] = tonumber(flat[i + 1])
+    out[flat[i]] = flat[i + 1] + 0
   end
   return out
 end
@@ -87,7 +107,7 @@ local function claim_of(key, id)
     return nil
   end
   local sep = string.find(held, ' ', 1, true)
-  return string.sub(held, 1, sep - 1), tonumber(string.sub(held, sep + 1))
+  return string.sub(held, 1, sep - 1), string.sub(held, sep + 1) + 0
 end
 
 -- Redis's own clock, in ms. Claims are leases on real time, measured by the one clock every
@@ -95,12 +115,20 @@ end
 -- measured on it could never run out.
 local function server_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = t[2] + 0
+  return t[1] * 1000 + (us - us % 1000) / 1000
 end
 
--- Claims message `id` for `token` until `lease` ms after `now` (server_ms()); the hash lives at
--- least as long.
-local function hold_claim(key, id, token, now, lease)
+-- Claims message `id` for `token` until `lease` ms (an ARGV string) after `now` (server_ms());
+-- the hash lives at least as long. `held` says `token` held the claim already (a renewal), so
+-- the hash has an expiry; otherwise the hash is usually new (a recipient seldom has two
+-- messages in flight), so an expiry is set first where there is none (NX), and only then
+-- lengthened (GT): one call for a new hash instead of three.
+local function hold_claim(key, id, token, now, lease, held)
   redis.call('HSET', key, id, token .. ' ' .. int(now + lease))
-  expire_in_at_least(key, lease)
+  if held then
+    expire_in_at_least(key, lease)
+  elseif redis.call('PEXPIRE', key, lease, 'NX') == 0 then
+    redis.call('PEXPIRE', key, lease, 'GT')
+  end
 end

@@ -1,5 +1,13 @@
-//! What the benches share beyond the tests' harness: their command-line flags and Redis's
-//! per-command statistics.
+//! What the benches share beyond the tests' harness: their command-line flags, Redis's
+//! per-command statistics and the CPU time of processes (of the Redis server, say).
+
+/// About the least a script that writes a key costs Redis: three plain commands (SET, PEXPIRE,
+/// GET). The benches send it beside the decision script, as the reference for Redis's time per
+/// decision (docs/redis-time.md). KEYS: the key; ARGV: a value and an expiry in ms.
+pub const BARE_SCRIPT: &str = "\
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('GET', KEYS[1])";
 
 /// A bench's `--name VALUE` argument, or `default`; exits 2 with a clear line on a bad value.
 pub fn flag<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -39,4 +47,40 @@ pub async fn command_stats(
             Some((name.to_owned(), (field("calls="), field("usec="))))
         })
         .collect()
+}
+
+/// Clock ticks per second of /proc's CPU times.
+pub fn clock_ticks_per_second() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of `pid` in clock ticks.
+pub fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the command name start at field 3 (state); utime is 14, stime 15.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The Redis server's process id (INFO server), when that process is on this machine: its CPU
+/// time is then readable from /proc.
+pub async fn local_redis_pid(conn: &mut impl redis::aio::ConnectionLike) -> Option<String> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .ok()?;
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))?
+        .trim()
+        .to_owned();
+    cpu_ticks(&pid).map(|_| pid)
 }

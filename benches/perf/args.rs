@@ -24,6 +24,8 @@ pub struct Args {
     pub latency_seconds: usize,
     /// Rounds of the relay-shape comparison; when set it is the only thing run.
     pub relay_shapes: usize,
+    /// `--decision-phases-only 1`: the warm-up, (a1) and (b) only, no broker, no worker.
+    pub decision_phases_only: usize,
 }
 
 /// The flags, normalised so that every phase divides into whole slices and rounds.
@@ -43,6 +45,7 @@ pub fn parse() -> Args {
         worker_prefetch: 0,
         latency_seconds: 10,
         relay_shapes: 0,
+        decision_phases_only: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -61,13 +64,14 @@ pub fn parse() -> Args {
             "--worker-prefetch" => &mut out.worker_prefetch,
             "--latency-seconds" => &mut out.latency_seconds,
             "--relay-shapes" => &mut out.relay_shapes,
+            "--decision-phases-only" => &mut out.decision_phases_only,
             "--bench" => continue,
             other => {
                 eprintln!(
                     "unknown argument {other}; flags: --decisions --concurrency --pipeline \
                      --in-flight --messages --recipients --small-recipients --pool-decisions \
                      --sample --hot-recipients --hot-decisions --worker-prefetch \
-                     --latency-seconds --relay-shapes (each takes a whole number)"
+                     --latency-seconds --relay-shapes --decision-phases-only (each takes a whole number)"
                 );
                 std::process::exit(2)
             }

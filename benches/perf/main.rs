@@ -47,8 +47,9 @@
 //! `cargo bench --bench perf -- [--decisions N] [--concurrency C] [--pipeline P] [--in-flight F]
 //! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]
 //! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]
-//! [--relay-shapes ROUNDS]` (`--relay-shapes` runs only (a2) in every shape the relay can take,
-//! alternating, to choose the ceiling's; see `relay`)
+//! [--relay-shapes ROUNDS] [--decision-phases-only 1]` (`--relay-shapes` runs only (a2) in every
+//! shape the relay can take, alternating, to choose the ceiling's, see `relay`;
+//! `--decision-phases-only` runs the warm-up, (a1) and (b) alone: no broker, no worker)
 //! (cargo runs the bench executable as `perf-HASH --bench ARGS`; it can be run so directly).
 //!
 //! Layout: `main` parses the flags, runs the phases in this order: warm-up, (a1) with (b), (a2)
@@ -118,12 +119,14 @@ async fn main() {
     phases::decision::warm_up(&mut bench).await;
     // (a1) and (b).
     phases::decision::run(&mut bench, &mut report).await;
-    // (a2), (c) and (d): (c)'s rate, which (g) publishes at half of.
-    let c = phases::end_to_end::run(&bench, &worker, &mut report).await;
-    // (g), (e), (f).
-    phases::latency::run(&bench, &worker, c, &mut report).await;
-    phases::scale::run(&mut bench, &mut report).await;
-    phases::hot::run(&mut bench, &mut report).await;
+    if args.decision_phases_only == 0 {
+        // (a2), (c) and (d): (c)'s rate, which (g) publishes at half of.
+        let c = phases::end_to_end::run(&bench, &worker, &mut report).await;
+        // (g), (e), (f).
+        phases::latency::run(&bench, &worker, c, &mut report).await;
+        phases::scale::run(&mut bench, &mut report).await;
+        phases::hot::run(&mut bench, &mut report).await;
+    }
     // Removes the namespace's queues, keys and database before the report.
     drop(bench);
     report.print(&args, &worker, started.elapsed());

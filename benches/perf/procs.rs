@@ -10,26 +10,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
-use crate::common;
-
-fn clock_ticks_per_second() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// utime + stime of `pid` in clock ticks.
-fn cpu_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after the command name start at field 3 (state); utime is 14, stime 15.
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
+use crate::common::{self, clock_ticks_per_second, cpu_ticks};
 
 /// Process ids whose command name is `comm`.
 fn pids_named(comm: &str) -> Vec<String> {
@@ -88,16 +69,7 @@ pub struct CpuSnap {
 
 impl Procs {
     pub async fn find(conn: &mut MultiplexedConnection) -> Procs {
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(conn)
-            .await
-            .expect("INFO server");
-        let redis = info
-            .lines()
-            .find_map(|l| l.strip_prefix("process_id:"))
-            .map(|p| p.trim().to_owned())
-            .unwrap_or_default();
+        let redis = common::local_redis_pid(conn).await.unwrap_or_default();
         Procs {
             conn: conn.clone(),
             redis,

@@ -37,30 +37,35 @@ local function counts(s, first, today, window_begin, day_begin)
   return s >= window_begin, s >= day_begin
 end
 
--- Redis's Lua is an interpreter that allocates every table and formats every number handed to
--- redis.call, and those costs are a large part of a decision: the check reads the key in one
--- pass without copying it, hands commit what it learnt in its own result table (fields past
--- the reply's five), and passes ARGV strings to Redis as they came.
+-- The check reads the key in one pass without copying it and hands commit what it learnt in
+-- its own result table (array slots past the reply's five); an empty key, a recipient's first
+-- send, needs none of the window's bounds, so they are converted only when there are entries
+-- (each conversion is a strtod); ARGV strings are passed to Redis as they came.
 KINDS.calendar_quota = {
-  check = function(key, _, args, ctx)
-    local today, day_begin, window_begin = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local per_day, per_window, days = tonumber(args[4]), tonumber(args[5]), tonumber(args[6])
-    local forget_before = tonumber(args[7])
+  check = function(key, _, today, day_begin, window_begin, per_day, per_window, days,
+                   forget_before)
+    per_day, per_window = per_day + 0, per_window + 0
+    -- The set holds at most a window's admissions plus a few stale ones, so reading all of
+    -- it is the cheapest read.
+    local entries = redis.call('ZRANGE', key, '0', '-1', 'WITHSCORES')
+    if #entries == 0 and per_day > 0 and per_window > 0 then
+      -- Slots 6 and 7 for commit: no stale entry, and the key is created anew.
+      return {1, 0, math.min(per_day, per_window) - 1, -1, 0, 0, true}
+    end
+    today, day_begin, window_begin = today + 0, day_begin + 0, window_begin + 0
+    forget_before = forget_before + 0
     local first = today - days + 1
     -- Legacy entries are forgotten a day later than the window's first day: local dates on
     -- Earth differ by up to two days at one instant.
     local forget_day = first - 2
-    -- The set holds at most a window's admissions plus a few stale ones, so reading all of
-    -- it is the cheapest read.
-    local entries = redis.call('ZRANGE', key, '0', '-1', 'WITHSCORES')
     local on_day, in_window, stale, admitted = 0, 0, 0, false
     for i = 1, #entries, 2 do
-      local s = tonumber(entries[i + 1])
+      local s = entries[i + 1] + 0
       local in_w, on_d = counts(s, first, today, window_begin, day_begin)
       if in_w then
         in_window = in_window + 1
         if on_d then on_day = on_day + 1 end
-        if entries[i] == ctx.id then admitted = true end
+        if entries[i] == ID then admitted = true end
       end
       if (s < LEGACY_BELOW and s < forget_day) or (s >= LEGACY_BELOW and s < forget_before) then
         stale = stale + 1
@@ -71,10 +76,9 @@ KINDS.calendar_quota = {
       return {1, 1, math.max(left, 0), -1, 0}
     end
     if left > 0 then
-      -- For commit (which decide.lua runs only after check): how many entries are stale, and
-      -- whether the key is created anew (every entry it holds is stale). Redis replies with
-      -- the array part only, so these fields stay out of the reply.
-      return {1, 0, left - 1, -1, 0, stale = stale, fresh = stale * 2 == #entries}
+      -- Slots 6 and 7 for commit (which decide.lua runs only after check): how many entries
+      -- are stale, and whether the key is created anew (every entry it holds is stale).
+      return {1, 0, left - 1, -1, 0, stale, stale * 2 == #entries}
     end
     local retry = -1
     if in_window >= per_window then
@@ -82,7 +86,7 @@ KINDS.calendar_quota = {
       -- before them): room opens when the k-th oldest in-window entry leaves the window.
       local k = in_window - per_window + 1
       for i = 1, #entries, 2 do
-        local s = tonumber(entries[i + 1])
+        local s = entries[i + 1] + 0
         if counts(s, first, today, window_begin, day_begin) then
           k = k - 1
           if k == 0 then
@@ -95,17 +99,16 @@ KINDS.calendar_quota = {
     return {0, 0, 0, retry, on_day >= per_day and 1 or 0}
   end,
 
-  commit = function(key, _, args, ctx, seen)
-    if seen.stale > 0 then
-      local forget_day = tonumber(args[1]) - tonumber(args[6]) - 1
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. int(forget_day))
-      redis.call('ZREMRANGEBYSCORE', key, LEGACY_BELOW, '(' .. args[7])
+  commit = function(key, _, seen, today, _, _, _, _, days, forget_before, keep_ms)
+    if seen[6] > 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. int(today - days - 1))
+      redis.call('ZREMRANGEBYSCORE', key, LEGACY_BELOW, '(' .. forget_before)
     end
-    redis.call('ZADD', key, ctx.now_arg, ctx.id)
-    expire_in_at_least(key, args[8], seen.fresh)
+    redis.call('ZADD', key, NOW_ARG, ID)
+    expire_in_at_least(key, keep_ms, seen[7])
   end,
 
-  refund = function(key, _, _, ctx)
-    redis.call('ZREM', key, ctx.id)
+  refund = function(key)
+    redis.call('ZREM', key, ID)
   end,
 }

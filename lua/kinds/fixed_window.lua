@@ -11,14 +11,14 @@
 -- from the window's start, never 0.
 
 KINDS.fixed_window = {
-  check = function(key, ids, args, ctx)
-    local limit, window = tonumber(args[1]), tonumber(args[2])
+  check = function(key, ids, limit, window)
+    limit, window = limit + 0, window + 0
     local s = hash_numbers(key)
-    local active = s.start ~= nil and ctx.now < s.start + window
+    local active = s.start ~= nil and NOW < s.start + window
     local count = active and s.count or 0
     local left = limit - count
     if active then
-      if redis.call('ZSCORE', ids, ctx.id) then
+      if redis.call('ZSCORE', ids, ID) then
         return {1, 1, math.max(left, 0), -1, 0}
       end
     end
@@ -28,31 +28,31 @@ KINDS.fixed_window = {
     return {0, 0, 0, s.start + window, 0}
   end,
 
-  commit = function(key, ids, args, ctx, seen)
-    local window = tonumber(args[2])
+  commit = function(key, ids, seen, _, window)
+    window = window + 0
     local start = seen.state.start
     -- A new window deletes both keys and writes them anew: neither has an expiry yet.
-    local fresh = start == nil or ctx.now >= start + window
+    local fresh = start == nil or NOW >= start + window
     if fresh then
-      start = ctx.now
+      start = NOW
       redis.call('DEL', key, ids)
-      redis.call('HSET', key, 'start', ctx.now_arg, 'count', 1)
+      redis.call('HSET', key, 'start', NOW_ARG, 'count', 1)
     else
       redis.call('HINCRBY', key, 'count', 1)
     end
-    local ttl = start + window - ctx.now
-    redis.call('ZADD', ids, ctx.now_arg, ctx.id)
+    local ttl = start + window - NOW
+    redis.call('ZADD', ids, NOW_ARG, ID)
     expire_in_at_least(key, ttl, fresh)
     expire_in_at_least(ids, ttl, fresh)
   end,
 
-  refund = function(key, ids, args, ctx)
-    local window = tonumber(args[2])
+  refund = function(key, ids, _, window)
+    window = window + 0
     local s = hash_numbers(key)
-    local at = redis.call('ZSCORE', ids, ctx.id)
-    if at and s.start and ctx.now < s.start + window then
+    local at = redis.call('ZSCORE', ids, ID)
+    if at and s.start and NOW < s.start + window then
       redis.call('HINCRBY', key, 'count', -1)
     end
-    redis.call('ZREM', ids, ctx.id)
+    redis.call('ZREM', ids, ID)
   end,
 }

@@ -11,15 +11,15 @@
 
 local function gcra_tat(key, now_t)
   local stored = redis.call('GET', key)
-  return math.max(stored and tonumber(stored) or now_t, now_t)
+  return math.max(stored and stored + 0 or now_t, now_t)
 end
 
 KINDS.gcra = {
-  check = function(key, ids, args, ctx)
-    local t, tau, tpm = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local now_t = ctx.now * tpm
+  check = function(key, ids, t, tau, tpm)
+    t, tau, tpm = t + 0, tau + 0, tpm + 0
+    local now_t = NOW * tpm
     local tat = gcra_tat(key, now_t)
-    if admitted_at(ids, ctx, ceil_div(tau + t, tpm)) then
+    if admitted_at(ids, ceil_div(tau + t, tpm)) then
       return {1, 1, math.max(math.floor((now_t - (tat - tau)) / t), 0), -1, 0}
     end
     local diff = now_t - (tat + t - tau)
@@ -27,27 +27,27 @@ KINDS.gcra = {
       -- The TAT read here is the one commit advances: nothing writes the key in between.
       return {1, 0, math.floor(diff / t), -1, 0, tat = tat}
     end
-    return {0, 0, 0, ctx.now + ceil_div(-diff, tpm), 0}
+    return {0, 0, 0, NOW + ceil_div(-diff, tpm), 0}
   end,
 
-  commit = function(key, ids, args, ctx, seen)
-    local t, tau, tpm = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local now_t = ctx.now * tpm
+  commit = function(key, ids, seen, t, tau, tpm)
+    t, tau, tpm = t + 0, tau + 0, tpm + 0
+    local now_t = NOW * tpm
     local tat = seen.tat + t
-    redis.call('SET', key, int(tat), 'PX', math.max(ceil_div(tat - now_t, tpm), 1))
-    remember(ids, ctx, ceil_div(tau + t, tpm))
+    redis.call('SET', key, int(tat), 'PX', int(math.max(ceil_div(tat - now_t, tpm), 1)))
+    remember(ids, ceil_div(tau + t, tpm))
   end,
 
-  refund = function(key, ids, args, ctx)
-    local t, tau, tpm = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local now_t = ctx.now * tpm
-    if admitted_at(ids, ctx, ceil_div(tau + t, tpm)) then
+  refund = function(key, ids, t, tau, tpm)
+    t, tau, tpm = t + 0, tau + 0, tpm + 0
+    local now_t = NOW * tpm
+    if admitted_at(ids, ceil_div(tau + t, tpm)) then
       local stored = redis.call('GET', key)
       if stored then
-        local tat = math.max(tonumber(stored) - t, now_t)
-        redis.call('SET', key, int(tat), 'PX', math.max(ceil_div(tat - now_t, tpm), 1))
+        local tat = math.max(stored - t, now_t)
+        redis.call('SET', key, int(tat), 'PX', int(math.max(ceil_div(tat - now_t, tpm), 1)))
       end
     end
-    redis.call('ZREM', ids, ctx.id)
+    redis.call('ZREM', ids, ID)
   end,
 }

@@ -23,10 +23,10 @@ local function leaky_level(key, leak, now)
 end
 
 KINDS.leaky_bucket = {
-  check = function(key, ids, args, ctx)
-    local cap, unit, leak = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local level, last, absent = leaky_level(key, leak, ctx.now)
-    if admitted_at(ids, ctx, ceil_div(cap, leak)) then
+  check = function(key, ids, cap, unit, leak)
+    cap, unit, leak = cap + 0, unit + 0, leak + 0
+    local level, last, absent = leaky_level(key, leak, NOW)
+    if admitted_at(ids, ceil_div(cap, leak)) then
       return {1, 1, math.floor((cap - level) / unit), -1, 0}
     end
     if level + unit <= cap then
@@ -36,20 +36,20 @@ KINDS.leaky_bucket = {
     return {0, 0, 0, last + ceil_div(level + unit - cap, leak), 0}
   end,
 
-  commit = function(key, ids, args, ctx, seen)
-    local cap, unit, leak = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
+  commit = function(key, ids, seen, cap, unit, leak)
+    cap, unit, leak = cap + 0, unit + 0, leak + 0
     local level, last = seen.level + unit, seen.last
     redis.call('HSET', key, 'level', int(level), 'last', int(last))
-    remember(ids, ctx, ceil_div(cap, leak))
-    expire_in_at_least(key, last - ctx.now + ceil_div(level, leak), seen.fresh)
+    remember(ids, ceil_div(cap, leak))
+    expire_in_at_least(key, last - NOW + ceil_div(level, leak), seen.fresh)
   end,
 
-  refund = function(key, ids, args, ctx)
-    local cap, unit, leak = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    if admitted_at(ids, ctx, ceil_div(cap, leak)) then
-      local level, last = leaky_level(key, leak, ctx.now)
+  refund = function(key, ids, cap, unit, leak)
+    cap, unit, leak = cap + 0, unit + 0, leak + 0
+    if admitted_at(ids, ceil_div(cap, leak)) then
+      local level, last = leaky_level(key, leak, NOW)
       redis.call('HSET', key, 'level', int(math.max(level - unit, 0)), 'last', int(last))
     end
-    redis.call('ZREM', ids, ctx.id)
+    redis.call('ZREM', ids, ID)
   end,
 }

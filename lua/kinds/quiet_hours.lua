@@ -9,9 +9,9 @@
 --        quiet, else -1.
 
 KINDS.quiet_hours = {
-  check = function(_, _, args, _)
-    if tonumber(args[1]) == 1 then
-      return {0, 0, -1, tonumber(args[2]), 0}
+  check = function(_, _, quiet, end_ms)
+    if quiet == '1' then
+      return {0, 0, -1, end_ms + 0, 0}
     end
     return {1, 0, -1, -1, 0}
   end,

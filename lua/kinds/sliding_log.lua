@@ -10,23 +10,24 @@
 --        policy = the 1-based index of the first refusing policy (0 when allowed).
 
 KINDS.sliding_log = {
-  check = function(key, ids, args, ctx)
-    local sub, n = tonumber(args[1]), tonumber(args[2])
-    local current = math.floor(ctx.now / sub)
-    local longest = tonumber(args[2 + 2 * n])
+  check = function(key, ids, ...)
+    local args = {...}
+    local sub, n = args[1] + 0, args[2] + 0
+    local current = math.floor(NOW / sub)
+    local longest = args[2 + 2 * n] + 0
     local subs = {}
     local state = hash_numbers(key)
     for field, c in pairs(state) do
-      local i = tonumber(field)
+      local i = field + 0
       if i > current - longest / sub then
         subs[#subs + 1] = {i, c}
       end
     end
     table.sort(subs, function(a, b) return a[1] < b[1] end)
-    local already = admitted_at(ids, ctx, longest) ~= nil
+    local already = admitted_at(ids, longest) ~= nil
     local remaining, retry, blocked_by = nil, -1, 0
     for k = 1, n do
-      local limit, window = tonumber(args[1 + 2 * k]), tonumber(args[2 + 2 * k])
+      local limit, window = args[1 + 2 * k] + 0, args[2 + 2 * k] + 0
       local subs_k, count = {}, 0
       for _, p in ipairs(subs) do
         if p[1] > current - window / sub then
@@ -59,13 +60,13 @@ KINDS.sliding_log = {
     return {1, 0, remaining, -1, 0, state = state, fresh = next(state) == nil}
   end,
 
-  commit = function(key, ids, args, ctx, seen)
-    local sub, n = tonumber(args[1]), tonumber(args[2])
-    local longest = tonumber(args[2 + 2 * n])
-    local current = math.floor(ctx.now / sub)
+  commit = function(key, ids, seen, sub, n, ...)
+    sub = sub + 0
+    local longest = select(2 * n, ...) + 0
+    local current = math.floor(NOW / sub)
     local newest = current
     for field, _ in pairs(seen.state) do
-      local i = tonumber(field)
+      local i = field + 0
       if i <= current - longest / sub then
         redis.call('HDEL', key, field)
       elseif i > newest then
@@ -73,22 +74,22 @@ KINDS.sliding_log = {
       end
     end
     redis.call('HINCRBY', key, int(current), 1)
-    remember(ids, ctx, longest)
-    expire_in_at_least(key, (newest + longest / sub) * sub - ctx.now, seen.fresh)
+    remember(ids, longest)
+    expire_in_at_least(key, (newest + longest / sub) * sub - NOW, seen.fresh)
   end,
 
-  refund = function(key, ids, args, ctx)
-    local sub, n = tonumber(args[1]), tonumber(args[2])
-    local at = admitted_at(ids, ctx, tonumber(args[2 + 2 * n]))
+  refund = function(key, ids, sub, n, ...)
+    sub = sub + 0
+    local at = admitted_at(ids, select(2 * n, ...) + 0)
     if at then
       local field = int(math.floor(at / sub))
-      local c = tonumber(redis.call('HGET', key, field) or '0')
+      local c = (redis.call('HGET', key, field) or '0') + 0
       if c > 1 then
         redis.call('HINCRBY', key, field, -1)
       elseif c == 1 then
         redis.call('HDEL', key, field)
       end
     end
-    redis.call('ZREM', ids, ctx.id)
+    redis.call('ZREM', ids, ID)
   end,
 }

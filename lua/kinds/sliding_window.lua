@@ -18,7 +18,7 @@ local function sliding_pairs(key, storage, first)
   if storage == 0 then
     state = hash_numbers(key)
     for field, c in pairs(state) do
-      local i = tonumber(field)
+      local i = field + 0
       if i >= first then
         pairs_out[#pairs_out + 1] = {i, c}
       end
@@ -27,9 +27,9 @@ local function sliding_pairs(key, storage, first)
   else
     state = redis.call('LRANGE', key, 0, -1)
     for j = 2, #state, 2 do
-      local i = tonumber(state[j])
+      local i = state[j] + 0
       if i >= first then
-        pairs_out[#pairs_out + 1] = {i, tonumber(state[j + 1])}
+        pairs_out[#pairs_out + 1] = {i, state[j + 1] + 0}
       end
     end
   end
@@ -48,14 +48,14 @@ local function sliding_retry(subs, count, limit, n, sub)
   return -1
 end
 
-local function sliding_check(key, ids, limit, window, sub, storage, ctx)
+local function sliding_check(key, ids, limit, window, sub, storage)
   local n = window / sub
-  local current = math.floor(ctx.now / sub)
+  local current = math.floor(NOW / sub)
   local subs, state = sliding_pairs(key, storage, current - n + 1)
   local count = 0
   for _, p in ipairs(subs) do count = count + p[2] end
   local left = limit - count
-  if admitted_at(ids, ctx, window) then
+  if admitted_at(ids, window) then
     return {1, 1, math.max(left, 0), -1, 0}, subs
   end
   if left >= 1 then
@@ -66,20 +66,19 @@ local function sliding_check(key, ids, limit, window, sub, storage, ctx)
 end
 
 KINDS.sliding_window = {
-  check = function(key, ids, args, ctx)
-    local result = sliding_check(key, ids, tonumber(args[1]), tonumber(args[2]),
-      tonumber(args[3]), tonumber(args[4]), ctx)
+  check = function(key, ids, limit, window, sub, storage)
+    local result = sliding_check(key, ids, limit + 0, window + 0, sub + 0, storage + 0)
     return result
   end,
 
-  commit = function(key, ids, args, ctx, seen)
-    local window, sub, storage = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+  commit = function(key, ids, seen, _, window, sub, storage)
+    window, sub, storage = window + 0, sub + 0, storage + 0
     local n = window / sub
-    local current = math.floor(ctx.now / sub)
+    local current = math.floor(NOW / sub)
     local newest = current
     if storage == 0 then
       for field, _ in pairs(seen.state) do
-        local i = tonumber(field)
+        local i = field + 0
         if i <= current - n then
           redis.call('HDEL', key, field)
         elseif i > newest then
@@ -89,20 +88,20 @@ KINDS.sliding_window = {
       redis.call('HINCRBY', key, int(current), 1)
     else
       local list = seen.state
-      local total = tonumber(list[1] or '0')
+      local total = (list[1] or '0') + 0
       -- Expired pairs are at the head: drop all of them by position.
       local j = 2
-      while j < #list and tonumber(list[j]) <= current - n do
-        total = total - tonumber(list[j + 1])
+      while j < #list and list[j] + 0 <= current - n do
+        total = total - list[j + 1]
         j = j + 2
       end
-      local last = j < #list and tonumber(list[#list - 1]) or nil
+      local last = j < #list and list[#list - 1] + 0 or nil
       if last ~= nil and last > current then
         -- The worker's clock went back: rebuild the list with this send in its own
         -- sub-window, keeping the pairs in index order.
         local kept = {}
         for k = j, #list, 2 do
-          kept[#kept + 1] = {tonumber(list[k]), tonumber(list[k + 1])}
+          kept[#kept + 1] = {list[k] + 0, list[k + 1] + 0}
         end
         local placed = false
         for _, p in ipairs(kept) do
@@ -121,24 +120,24 @@ KINDS.sliding_window = {
           redis.call('LPOP', key, j - 1)
         end
         if last == current then
-          redis.call('LSET', key, -1, tonumber(list[#list]) + 1)
+          redis.call('LSET', key, -1, int(list[#list] + 1))
         else
           redis.call('RPUSH', key, int(current), 1)
         end
         redis.call('LPUSH', key, int(total + 1))
       end
     end
-    remember(ids, ctx, window)
-    expire_in_at_least(key, (newest + n) * sub - ctx.now, seen.fresh)
+    remember(ids, window)
+    expire_in_at_least(key, (newest + n) * sub - NOW, seen.fresh)
   end,
 
-  refund = function(key, ids, args, ctx)
-    local window, sub, storage = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
-    local at = admitted_at(ids, ctx, window)
+  refund = function(key, ids, _, window, sub, storage)
+    window, sub, storage = window + 0, sub + 0, storage + 0
+    local at = admitted_at(ids, window)
     if at then
       local i = math.floor(at / sub)
       if storage == 0 then
-        local c = tonumber(redis.call('HGET', key, int(i)) or '0')
+        local c = (redis.call('HGET', key, int(i)) or '0') + 0
         if c > 1 then
           redis.call('HINCRBY', key, int(i), -1)
         elseif c == 1 then
@@ -148,14 +147,14 @@ KINDS.sliding_window = {
         local list = redis.call('LRANGE', key, 0, -1)
         -- Pair values sit at Lua index j (index) and j + 1 (count), which is Redis index j.
         for j = 2, #list - 1, 2 do
-          if tonumber(list[j]) == i and tonumber(list[j + 1]) > 0 then
-            redis.call('LSET', key, j, tonumber(list[j + 1]) - 1)
-            redis.call('LSET', key, 0, tonumber(list[1]) - 1)
+          if list[j] + 0 == i and list[j + 1] + 0 > 0 then
+            redis.call('LSET', key, j, int(list[j + 1] - 1))
+            redis.call('LSET', key, 0, int(list[1] - 1))
             break
           end
         end
       end
     end
-    redis.call('ZREM', ids, ctx.id)
+    redis.call('ZREM', ids, ID)
   end,
 }

@@ -24,17 +24,18 @@ local function token_level(key, cap, refill, now)
   return math.min(s.tokens + elapsed * refill, cap), math.max(last, now), false
 end
 
-local function token_cost(args, ctx)
-  local fixed = tonumber(args[4])
-  return (fixed > 0 and fixed or ctx.cost) * tonumber(args[2])
+-- What a send takes, in units: the rule's fixed COST, or the message's when that is 0.
+local function token_cost(unit, cost)
+  cost = cost + 0
+  return (cost > 0 and cost or COST) * unit
 end
 
 KINDS.token_bucket = {
-  check = function(key, ids, args, ctx)
-    local cap, unit, refill = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
-    local need = token_cost(args, ctx)
-    local tokens, last, absent = token_level(key, cap, refill, ctx.now)
-    if admitted_at(ids, ctx, ceil_div(cap, refill)) then
+  check = function(key, ids, cap, unit, refill, cost)
+    cap, unit, refill = cap + 0, unit + 0, refill + 0
+    local need = token_cost(unit, cost)
+    local tokens, last, absent = token_level(key, cap, refill, NOW)
+    if admitted_at(ids, ceil_div(cap, refill)) then
       return {1, 1, math.floor(tokens / unit), -1, 0}
     end
     if tokens >= need then
@@ -47,21 +48,21 @@ KINDS.token_bucket = {
     return {0, 0, math.floor(tokens / unit), last + ceil_div(need - tokens, refill), 0}
   end,
 
-  commit = function(key, ids, args, ctx, seen)
-    local cap, refill = tonumber(args[1]), tonumber(args[3])
+  commit = function(key, ids, seen, cap, _, refill)
+    cap, refill = cap + 0, refill + 0
     local tokens, last = seen.tokens, seen.last
     redis.call('HSET', key, 'tokens', int(tokens), 'last', int(last))
-    remember(ids, ctx, ceil_div(cap, refill))
-    expire_in_at_least(key, last - ctx.now + ceil_div(cap - tokens, refill), seen.fresh)
+    remember(ids, ceil_div(cap, refill))
+    expire_in_at_least(key, last - NOW + ceil_div(cap - tokens, refill), seen.fresh)
   end,
 
-  refund = function(key, ids, args, ctx)
-    local cap, refill = tonumber(args[1]), tonumber(args[3])
-    if admitted_at(ids, ctx, ceil_div(cap, refill)) then
-      local tokens, last = token_level(key, cap, refill, ctx.now)
-      tokens = math.min(tokens + token_cost(args, ctx), cap)
+  refund = function(key, ids, cap, unit, refill, cost)
+    cap, unit, refill = cap + 0, unit + 0, refill + 0
+    if admitted_at(ids, ceil_div(cap, refill)) then
+      local tokens, last = token_level(key, cap, refill, NOW)
+      tokens = math.min(tokens + token_cost(unit, cost), cap)
       redis.call('HSET', key, 'tokens', int(tokens), 'last', int(last))
     end
-    redis.call('ZREM', ids, ctx.id)
+    redis.call('ZREM', ids, ID)
   end,
 }

@@ -11,12 +11,12 @@
 -- redelivery is recognised.
 
 KINDS.zset_window = {
-  check = function(key, _, args, ctx)
-    local limit, window = tonumber(args[1]), tonumber(args[2])
-    local from = '(' .. int(ctx.now - window)
+  check = function(key, _, limit, window)
+    limit, window = limit + 0, window + 0
+    local from = '(' .. int(NOW - window)
     local count = redis.call('ZCOUNT', key, from, '+inf')
-    local at = redis.call('ZSCORE', key, ctx.id)
-    if at and tonumber(at) > ctx.now - window then
+    local at = redis.call('ZSCORE', key, ID)
+    if at and at + 0 > NOW - window then
       return {1, 1, math.max(limit - count, 0), -1, 0}
     end
     if count < limit then
@@ -24,18 +24,18 @@ KINDS.zset_window = {
     end
     local oldest = redis.call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES',
       'LIMIT', count - limit, 1)
-    return {0, 0, 0, tonumber(oldest[2]) + window, 0}
+    return {0, 0, 0, oldest[2] + window, 0}
   end,
 
-  commit = function(key, _, args, ctx)
-    local window = tonumber(args[2])
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(ctx.now - window))
-    redis.call('ZADD', key, ctx.now_arg, ctx.id)
+  commit = function(key, _, _, _, window)
+    window = window + 0
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(NOW - window))
+    redis.call('ZADD', key, NOW_ARG, ID)
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    expire_in_at_least(key, tonumber(newest[2]) + window - ctx.now)
+    expire_in_at_least(key, newest[2] + window - NOW)
   end,
 
-  refund = function(key, _, _, ctx)
-    redis.call('ZREM', key, ctx.id)
+  refund = function(key)
+    redis.call('ZREM', key, ID)
   end,
 }

@@ -59,16 +59,17 @@ pub fn source_for(kinds: KindSet) -> String {
 }
 
 /// The prelude for a script whose kinds and driver are `body`: every paragraph of
-/// `lua/prelude.lua` (blocks between blank lines) except the helper functions (`local function
-/// NAME(`) that neither `body` nor another helper kept calls: a helper defined but never called
-/// costs Redis CPU on every call of the script, as unused kinds do (docs/performance.md).
+/// `lua/prelude.lua` (blocks between blank lines) except the helpers (`local function NAME(`,
+/// or a value, `local NAME =`) that neither `body` nor another helper kept uses: a helper
+/// defined but never used costs Redis CPU on every call of the script, as unused kinds do
+/// (docs/performance.md), and so does a value converted but never read (docs/redis-time.md).
 pub fn prelude_for(body: &str) -> String {
     let paragraphs: Vec<(Option<&str>, &str)> = PRELUDE
         .split("\n\n")
         .map(|text| (helper_name(text), text))
         .collect();
     let mut kept: Vec<bool> = paragraphs.iter().map(|(name, _)| name.is_none()).collect();
-    // Helpers call helpers: keep adding until nothing more is called.
+    // Helpers use helpers: keep adding until nothing more is used.
     loop {
         let mut text = String::from(body);
         for ((_, paragraph), keep) in paragraphs.iter().zip(&kept) {
@@ -79,7 +80,7 @@ pub fn prelude_for(body: &str) -> String {
         let mut grew = false;
         for ((name, _), keep) in paragraphs.iter().zip(kept.iter_mut()) {
             if let (Some(name), false) = (name, *keep) {
-                if calls(&text, name) {
+                if uses(&text, name) {
                     *keep = true;
                     grew = true;
                 }
@@ -98,22 +99,40 @@ pub fn prelude_for(body: &str) -> String {
         .join("\n\n")
 }
 
-/// The name of the helper a prelude paragraph defines, if it defines one.
+/// The name of the helper a prelude paragraph defines, if it defines one: a function, or a
+/// single value (`local NAME = ...`; a paragraph defining several at once is always kept).
 fn helper_name(paragraph: &str) -> Option<&str> {
     paragraph.lines().find_map(|line| {
-        let rest = line.strip_prefix("local function ")?;
-        rest.split('(').next().map(str::trim)
+        if let Some(rest) = line.strip_prefix("local function ") {
+            return rest.split('(').next().map(str::trim);
+        }
+        let (name, _) = line.strip_prefix("local ")?.split_once(" = ")?;
+        name.chars()
+            .all(|c| c.is_alphanumeric() || c == '_')
+            .then_some(name)
     })
 }
 
-/// Whether Lua `text` calls `name` (as `name(`, not as the tail of a longer name).
-fn calls(text: &str, name: &str) -> bool {
-    let call = format!("{name}(");
-    text.match_indices(&call).any(|(at, _)| {
-        let before = text[..at].chars().next_back();
-        !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.' || c == ':')
-            && !text[..at].ends_with("function ")
-    })
+/// Whether the code of Lua `text` uses `name`: as a whole word, not as a field (`t.name`,
+/// `t:name`) and not where it is defined (`local function name(`, `local name =`). Comments
+/// (`--` to the end of the line; no Lua string of lua/ holds `--`) are not code.
+fn uses(text: &str, name: &str) -> bool {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    text.lines()
+        .map(|line| line.split("--").next().unwrap_or_default())
+        .any(|code| {
+            code.match_indices(name).any(|(at, _)| {
+                let (before, after) = (&code[..at], &code[at + name.len()..]);
+                let longer_or_field = before
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| word(c) || c == '.' || c == ':')
+                    || after.chars().next().is_some_and(word);
+                let definition = before.ends_with("function ")
+                    || (before.ends_with("local ") && after.starts_with(" ="));
+                !longer_or_field && !definition
+            })
+        })
 }
 
 /// The script for `kinds`, composed and hashed once per set.
@@ -215,6 +234,7 @@ impl FromRedisValue for ScopeReply {
         let Value::Array(items) = v else {
             return Err(format!("decision script replied {v:?}, expected an array").into());
         };
+        let rules = items.len().saturating_sub(1);
         let mut items = items.into_iter();
         let (committed, dispatched) = match items.next() {
             Some(Value::Int(2)) => (false, true),
@@ -233,23 +253,26 @@ impl FromRedisValue for ScopeReply {
             Some(Value::Int(c)) => (c == 1, false),
             other => return Err(format!("decision script: bad committed flag {other:?}").into()),
         };
-        let results = items
-            .map(|item| {
-                let [allowed, already, remaining, retry, detail]: [i64; 5] =
-                    <Vec<i64>>::from_redis_value(item)?
-                        .try_into()
-                        .map_err(|v| {
-                            format!("decision script: rule result {v:?} is not 5 numbers")
-                        })?;
-                Ok(RawResult {
-                    allowed: allowed == 1,
-                    already: already == 1,
-                    remaining,
-                    retry,
-                    detail,
-                })
+        // Five numbers per rule, one rule after another (lua/decide.lua).
+        if rules % 5 != 0 {
+            return Err(format!(
+                "decision script: {rules} numbers after the committed flag, not five per rule"
+            )
+            .into());
+        }
+        let numbers = items
+            .map(i64::from_redis_value)
+            .collect::<Result<Vec<i64>, ParsingError>>()?;
+        let results = numbers
+            .chunks_exact(5)
+            .map(|rule| RawResult {
+                allowed: rule[0] == 1,
+                already: rule[1] == 1,
+                remaining: rule[2],
+                retry: rule[3],
+                detail: rule[4],
             })
-            .collect::<Result<_, ParsingError>>()?;
+            .collect();
         Ok(ScopeReply {
             committed,
             dispatched,
@@ -272,7 +295,7 @@ mod tests {
     }
 
     #[test]
-    fn a_script_defines_only_the_prelude_helpers_something_in_it_calls() {
+    fn a_script_defines_only_the_prelude_helpers_something_in_it_uses() {
         // The driver claims message ids (claim_of, server_ms, hold_claim, which call int and
         // expire_in_at_least): every script keeps those.
         const DRIVER_HELPERS: [&str; 5] = [
@@ -289,7 +312,7 @@ mod tests {
             .iter()
             .find(|(kind, _)| *kind == "gcra")
             .expect("gcra is a kind");
-        assert!(!calls(gcra_file, "expire_in_at_least") && calls(gcra_file, "remember"));
+        assert!(!uses(gcra_file, "expire_in_at_least") && uses(gcra_file, "remember"));
         let gcra = source_for(KindSet::of(["gcra"]));
         assert_eq!(
             helpers(&gcra),
@@ -312,11 +335,62 @@ mod tests {
     }
 
     #[test]
-    fn a_call_is_the_name_and_a_parenthesis_not_the_tail_of_a_longer_name() {
-        assert!(calls("local x = int(3)", "int"));
-        assert!(calls("return {int(a), 1}", "int"));
-        assert!(!calls("local x = tonumber(3) print(1)", "int"));
-        assert!(!calls("local function int(x)", "int"));
-        assert!(!calls("t.int(1) t:int(2)", "int"));
+    fn a_use_is_the_whole_name_in_code_not_a_longer_name_a_field_a_definition_or_a_comment() {
+        assert!(uses("local x = int(3)", "int"));
+        assert!(uses("return {int(a), 1}", "int"));
+        assert!(uses("local t = NOW * tpm", "NOW"));
+        assert!(!uses("local x = tonumber(3) print(1)", "int"));
+        assert!(!uses("local function int(x)", "int"));
+        assert!(!uses("t.int(1) t:int(2)", "int"));
+        assert!(!uses("local NOW = NOW_ARG + 0", "NOW"));
+        assert!(!uses("redis.call('ZADD', k, NOW_ARG, ID) -- at NOW", "NOW"));
+    }
+
+    #[test]
+    fn a_value_of_the_prelude_is_converted_only_in_scripts_that_read_it() {
+        let defines = |source: &str, name: &str| source.contains(&format!("\nlocal {name} = "));
+        // The calendar quota and the driver read the message's instant as the worker wrote it.
+        let headline = source_for(KindSet::of(["calendar_quota"]));
+        assert!(!defines(&headline, "NOW") && !defines(&headline, "COST"));
+        let gcra = source_for(KindSet::of(["gcra"]));
+        assert!(defines(&gcra, "NOW") && !defines(&gcra, "COST"));
+        let token_bucket = source_for(KindSet::of(["token_bucket"]));
+        assert!(defines(&token_bucket, "NOW") && defines(&token_bucket, "COST"));
+    }
+
+    #[test]
+    fn a_reply_is_the_committed_flag_then_five_numbers_per_rule() {
+        let int = Value::Int;
+        let reply = ScopeReply::from_redis_value(Value::Array(
+            [1, 1, 0, 2, -1, 0, 0, 0, 0, 20545, 1]
+                .into_iter()
+                .map(int)
+                .collect(),
+        ))
+        .expect("a flat reply");
+        assert!(reply.committed && !reply.dispatched && reply.in_flight.is_none());
+        assert_eq!(
+            reply.results,
+            [
+                RawResult {
+                    allowed: true,
+                    already: false,
+                    remaining: 2,
+                    retry: -1,
+                    detail: 0
+                },
+                RawResult {
+                    allowed: false,
+                    already: false,
+                    remaining: 0,
+                    retry: 20545,
+                    detail: 1
+                },
+            ]
+        );
+        let dispatched = ScopeReply::from_redis_value(Value::Array(vec![int(2)]));
+        assert!(dispatched.expect("dispatched").dispatched);
+        let short = ScopeReply::from_redis_value(Value::Array(vec![int(0), int(1), int(0)]));
+        assert!(short.is_err(), "{short:?}");
     }
 }

@@ -1,16 +1,24 @@
 //! (a1) and (b): the decision path, `Limiter::evaluate` with commit and no broker, against the
 //! bare pipelined EVALSHA loop doing the same decisions, in alternating slices; then the
-//! decision path with two more rule kinds. Before them a warm-up, discarded: the first keys Redis
-//! and this process allocate fault their pages in, which on a VM costs more than the decisions.
+//! decision path with two more rule kinds. Beside them, in the same slices, a script of three
+//! plain commands sent as (a1) sends its decisions (`common::BARE_SCRIPT`): the reference for
+//! Redis's time per decision. Before them a warm-up, discarded: the first keys Redis and this
+//! process allocate fault their pages in, which on a VM costs more than the decisions.
 
+use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+use redis::Value;
 use sendquota::internals::message::SendRequest;
 
 use super::{Bench, SLICES};
+use crate::ceilings::LuaLoop;
+use crate::common::BARE_SCRIPT;
 use crate::decision_path::{decode, evaluate_all, policy};
 use crate::keyspace::purge;
-use crate::procs::Tally;
+use crate::procs::{Procs, Tally};
 use crate::progress::Progress;
 use crate::report::Report;
 
@@ -64,6 +72,52 @@ pub async fn warm_up(bench: &mut Bench) {
     purge(&mut bench.plain, &bench.pattern, "warm-up cleanup").await;
 }
 
+/// One slice of the bare script of [`BARE_SCRIPT`], added to `tally`.
+async fn bare_slice(
+    bench: &Bench,
+    sha: &str,
+    progress: &mut Progress,
+    range: Range<usize>,
+    tally: &mut Tally,
+) {
+    let ops = range.len();
+    let before = bench.procs.snap(None).await;
+    let took = bare_script(&bench.lua, sha, progress, range).await;
+    tally.add(before, bench.procs.snap(None).await, ops, ops, took);
+}
+
+/// The bare script over `lua`'s connection, pipelines and namespace, as `lua` sends decisions:
+/// call `i` writes the key of recipient `i / 2` (each key twice, as (a1) decides two messages
+/// per recipient). Returns the elapsed time.
+async fn bare_script(
+    lua: &LuaLoop,
+    sha: &str,
+    progress: &mut Progress,
+    range: Range<usize>,
+) -> Duration {
+    let end = range.end;
+    let began = Instant::now();
+    let mut replies = futures_util::stream::iter(range.step_by(lua.pipeline))
+        .map(|first| {
+            let mut pipe = redis::pipe();
+            for i in first..(first + lua.pipeline).min(end) {
+                pipe.cmd("EVALSHA")
+                    .arg(sha)
+                    .arg(1)
+                    .arg(format!("{}:bare:{}", lua.namespace, i / 2))
+                    .arg("v")
+                    .arg(3_600_000);
+            }
+            let mut conn = lua.conn.clone();
+            async move { pipe.query_async::<Vec<Value>>(&mut conn).await }
+        })
+        .buffer_unordered(lua.in_flight);
+    while let Some(reply) = replies.next().await {
+        progress.add(reply.expect("bare script pipeline").len());
+    }
+    began.elapsed()
+}
+
 /// (a1) and (b) with the headline rule in alternating slices, then (b) with three rules.
 pub async fn run(bench: &mut Bench, report: &mut Report) {
     let n = bench.args.decisions;
@@ -84,9 +138,25 @@ async fn headline(bench: &Bench, report: &mut Report, messages: &[SendRequest]) 
     let (procs, base) = (&bench.procs, bench.base);
     let mut progress_a1 = Progress::new("a1 bare pipelined EVALSHA", n);
     let mut progress_b = Progress::new("b decision path, headline", n);
+    let mut progress_bare = Progress::new("a1's reference: bare 3-command script", n);
     let (mut a1, mut b_headline) = (Tally::default(), Tally::default());
+    let mut bare = Tally::default();
+    let bare_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(BARE_SCRIPT)
+        .query_async(&mut bench.plain.clone())
+        .await
+        .expect("SCRIPT LOAD");
     for k in 0..SLICES {
         let range = k * slice..(k + 1) * slice;
+        bare_slice(
+            bench,
+            &bare_sha,
+            &mut progress_bare,
+            range.clone(),
+            &mut bare,
+        )
+        .await;
         let before = procs.snap(None).await;
         let (allowed, took) = bench
             .lua
@@ -116,8 +186,6 @@ async fn headline(bench: &Bench, report: &mut Report, messages: &[SendRequest]) 
         !seen.verdicts[0].allowed && seen.verdicts[0].remaining == Some(0),
         "the bare loop's state is not what the limiter reads: {seen:?}"
     );
-    report.cpu(procs, "a1 bare pipelined EVALSHA", &a1);
-    report.cpu(procs, "b Limiter::evaluate, headline", &b_headline);
     let a1_rate = a1.rate();
     let b_rate = b_headline.rate();
     report.figure(
@@ -133,6 +201,8 @@ async fn headline(bench: &Bench, report: &mut Report, messages: &[SendRequest]) 
         ),
         None,
     );
+    redis_per_decision(report, procs, &a1, &bare);
+    report.cpu(procs, "b Limiter::evaluate, headline", &b_headline);
     report.figure(
         "(b) decision path, headline alone",
         format!("{b_rate:.0} dec/s"),
@@ -146,6 +216,27 @@ async fn headline(bench: &Bench, report: &mut Report, messages: &[SendRequest]) 
         Some(b_rate / a1_rate >= DECISION_PATH_MIN_RATIO),
     );
     a1_rate
+}
+
+/// (a1)'s and the bare script's CPU rows, and the figure comparing what each call costs Redis:
+/// its process's CPU time, and its time inside EVALSHA ('(lua)').
+fn redis_per_decision(report: &mut Report, procs: &Procs, a1: &Tally, bare: &Tally) {
+    let u = report.cpu(procs, "a1 bare pipelined EVALSHA", a1);
+    let (a1_redis, a1_lua) = (u.redis, u.lua);
+    let u = report.cpu(procs, "a1's reference: bare 3-command script", bare);
+    let (bare_redis, bare_lua) = (u.redis, u.lua);
+    report.figure(
+        "(a1) Redis CPU per decision",
+        format!("{a1_redis:.1} us"),
+        "bare",
+        Some(a1_redis / bare_redis),
+        &format!(
+            "info: bare 3-command script {bare_redis:.1} us; inside EVALSHA {a1_lua:.1} \
+             against {bare_lua:.1} us ({:.2}x)",
+            a1_lua / bare_lua
+        ),
+        None,
+    );
 }
 
 /// (b) with the headline rule, a channel GCRA and a sliding window, against (a1).
