@@ -82,6 +82,14 @@ pub enum Command {
         #[command(subcommand)]
         action: QuarantineAction,
     },
+    /// Print what the worker dispatches, one JSON object per line, until interrupted: through
+    /// a temporary queue bound to the dispatch exchange, deleted when the command ends.
+    Tail {
+        /// Only this channel (a routing key of the dispatch exchange, `*` and `#` allowed);
+        /// every channel without it.
+        #[arg(long)]
+        channel: Option<String>,
+    },
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
@@ -340,6 +348,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
         Command::Replay(args) => replay(&settings, args).await,
         Command::Prune { older_than } => prune(&settings, &older_than).await,
         Command::Quarantine { action } => quarantine(&settings, action).await,
+        Command::Tail { channel } => tail(&settings, channel.as_deref().unwrap_or("#")).await,
         Command::Config {
             action: ConfigAction::Check,
         } => {
@@ -497,6 +506,33 @@ fn print_denials(rows: &[Denial], format: Format) -> Result<(), CliError> {
         Format::Table => write_table(&mut out, rows),
     };
     written.map_err(|e| CliError::Service(format!("writing output: {e}")))
+}
+
+/// Prints what is dispatched with `routing_key` until SIGINT or SIGTERM (exit 0); the line on
+/// standard error says where it listens, so standard output holds only the JSON lines.
+async fn tail(settings: &Settings, routing_key: &str) -> Result<(), CliError> {
+    let names = Names::new(&settings.namespace);
+    let rabbitmq = |e: &dyn std::fmt::Display| service("rabbitmq")(e);
+    let connection = broker::connect(&settings.amqp, "sendquota-tail")
+        .await
+        .map_err(|e| rabbitmq(&e))?;
+    let tailed = async {
+        let channel = broker::timed("channel.open", connection.create_channel()).await?;
+        let (queue, consumer) = crate::tail::bind(&channel, &names, routing_key).await?;
+        eprintln!(
+            "tailing {} (routing key {routing_key}) through temporary queue {queue}; \
+             Ctrl-C to stop",
+            names.dispatch
+        );
+        let mut out = std::io::stdout().lock();
+        crate::tail::print(consumer, &mut out, shutdown_signal()).await
+    }
+    .await;
+    let _ = connection.close(200, "done".into()).await;
+    tailed.map_err(|e| match e {
+        crate::tail::TailError::Broker(e) => rabbitmq(&e),
+        output => CliError::Service(output.to_string()),
+    })
 }
 
 /// A confirmed publisher on a new connection, with the topology declared (so nothing

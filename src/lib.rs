@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! worker      a broker session's deliveries, slots, retries (broker: lapin connections,
-//!             topology, confirmed publishes; acks: coalesced acks)
+//!             topology, confirmed publishes; acks: coalesced acks; sequence: a recipient's
+//!             messages decided in delivery order)
 //!   -> message    decode and validate the request
 //!   -> policy     which rules apply (kinds: each limiter kind, beside lua/kinds/<kind>.lua)
 //!   -> limiter    one Lua script call per scope, all-or-nothing, refunds across scopes
@@ -23,8 +24,8 @@
 //! environment), `clock` (injectable time), `store` (the Redis connection, single or cluster),
 //! `tls` (certificate files and the process's one rustls crypto provider), `admin` (the admin
 //! HTTP API), `replay` and `quarantine` (the operators' commands on denied and quarantined
-//! messages), `telemetry` (logs and metrics), `failpoint` (crash-test faults, cargo feature
-//! `failpoints`), `cli` (the `sendquota` command).
+//! messages), `tail` (printing what is dispatched), `telemetry` (logs and metrics), `failpoint`
+//! (crash-test faults, cargo feature `failpoints`), `cli` (the `sendquota` command).
 //!
 //! The library's API is the command (`cli`), its settings (`config`), and running the worker
 //! in a process of one's own (`startup`, with a `clock` and a `failpoint`). Everything else is
@@ -52,7 +53,9 @@ mod pipeline;
 mod policy;
 mod quarantine;
 mod replay;
+mod sequence;
 mod store;
+mod tail;
 mod telemetry;
 mod tls;
 mod worker;
@@ -126,9 +129,17 @@ pub mod internals {
     pub mod replay {
         pub use crate::replay::*;
     }
+    /// The crate's `sequence` module.
+    pub mod sequence {
+        pub use crate::sequence::*;
+    }
     /// The crate's `store` module.
     pub mod store {
         pub use crate::store::*;
+    }
+    /// The crate's `tail` module.
+    pub mod tail {
+        pub use crate::tail::*;
     }
     /// The crate's `telemetry` module.
     pub mod telemetry {

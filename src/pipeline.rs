@@ -23,6 +23,7 @@ use crate::limiter::{Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{Failure, Handled, Settled};
 use crate::policy::Policy;
+use crate::sequence::Place;
 use crate::telemetry;
 
 /// A failure that leaves the message unacked, to be retried.
@@ -91,6 +92,9 @@ pub struct Pipeline {
 impl Pipeline {
     /// Decides one delivery and makes its outcome durable, publishing through `publisher`.
     /// `claim` is the delivery's in-flight claim: the same one for every attempt at it.
+    /// `place` is its place in its recipient's line: it is decided after the messages to that
+    /// recipient delivered before it, and leaves the line once decided (an invalid body at
+    /// once), not once its outcome is durable.
     /// Returns the outcome with the decoded request, for the worker's metrics and logs.
     pub async fn handle(
         &self,
@@ -98,10 +102,12 @@ impl Pipeline {
         body: &[u8],
         properties: &BasicProperties,
         claim: &Claim,
+        place: &mut Place,
     ) -> Result<Settled, HandleError> {
         let message = match SendRequest::decode(body, self.max_body_bytes) {
             Ok(m) => m,
             Err(invalid) => {
+                place.leave();
                 let handled = self.invalid(publisher, body, properties, invalid).await?;
                 return Ok(Settled {
                     handled,
@@ -110,7 +116,7 @@ impl Pipeline {
             }
         };
         let handled = self
-            .decide(publisher, &message, body, properties, claim)
+            .decide(publisher, &message, body, properties, claim, place)
             .await?;
         Ok(Settled {
             handled,
@@ -118,7 +124,7 @@ impl Pipeline {
         })
     }
 
-    /// Decides a decoded request and makes its outcome durable.
+    /// Decides a decoded request in its turn and makes its outcome durable.
     async fn decide(
         &self,
         publisher: &Publisher,
@@ -126,7 +132,9 @@ impl Pipeline {
         body: &[u8],
         properties: &BasicProperties,
         claim: &Claim,
+        place: &mut Place,
     ) -> Result<Handled, HandleError> {
+        place.turn().await;
         if failpoint::armed(self.failpoint, Failpoint::FailStuckIds)
             && message.id.starts_with("stuck-")
         {
@@ -144,6 +152,9 @@ impl Pipeline {
             .limiter
             .evaluate_claimed(&self.policy, message, now, claim)
             .await?;
+        // Decided: the next message to the recipient may be. A failed decision keeps the turn,
+        // and the message is retried ahead of the ones behind it.
+        place.leave();
         self.metrics
             .decision_seconds
             .record(started.elapsed().as_secs_f64());

@@ -26,7 +26,8 @@ use crate::claim::Claim;
 use crate::config::Settings;
 use crate::failpoint::{self, Failpoint};
 use crate::outcome::{self, Failure, Handled, Next, Settled};
-use crate::pipeline::{Pipeline, Poison};
+use crate::pipeline::{HandleError, Pipeline, Poison};
+use crate::sequence::{Place, Sequence};
 use crate::telemetry;
 
 /// Keeps the worker taking deliveries until `stop` turns true: one broker session after
@@ -133,6 +134,8 @@ async fn consume(
     let mut blocked = publisher.blocked().clone();
     health.set_blocked(blocked.borrow_and_update().clone());
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
+    let sequence = Sequence::new();
+    let unrouted = Arc::new(Unrouted::default());
     let (settler, settling) = Settler::spawn(channel.clone());
     let mut watchdog =
         tokio::time::interval(Duration::from_millis(settings.worker.watchdog_interval_ms));
@@ -167,6 +170,9 @@ async fn consume(
                     if delivery.redelivered {
                         metrics::counter!(telemetry::REDELIVERIES).increment(1);
                     }
+                    // Here, where deliveries come in order, not on the delivery's task: tasks
+                    // start in no particular order.
+                    let place = sequence.join(&delivery.data, pipeline.max_body_bytes);
                     let Ok(slot) = slots.clone().acquire_owned().await else { break Ok(()) };
                     let task = Task {
                         pipeline: pipeline.clone(),
@@ -176,6 +182,8 @@ async fn consume(
                         backoff: Backoff::new(&settings.worker),
                         yield_slot_after: Duration::from_millis(settings.worker.yield_slot_after_ms),
                         stop: stop.clone(),
+                        place,
+                        unrouted: unrouted.clone(),
                     };
                     task.spawn(delivery, slot);
                 }
@@ -293,6 +301,10 @@ struct Task {
     /// How long the delivery may keep failing before it yields its slot.
     yield_slot_after: Duration,
     stop: watch::Receiver<bool>,
+    /// Its place in its recipient's line, taken in delivery order.
+    place: Place,
+    /// The routing keys whose dispatches are unroutable, said once each.
+    unrouted: Arc<Unrouted>,
 }
 
 impl Task {
@@ -325,10 +337,16 @@ impl Task {
                 &delivery.data,
                 &delivery.properties,
                 &claim,
+                &mut self.place,
             ))
             .await;
             match handled {
                 Ok(settled) => {
+                    if let (Handled::Dispatched { .. }, Some(request)) =
+                        (&settled.handled, &settled.request)
+                    {
+                        self.unrouted.routed(&request.channel);
+                    }
                     // Counted once the outcome is durable, not per attempt.
                     let request = settled.request.as_ref();
                     self.pipeline
@@ -339,7 +357,7 @@ impl Task {
                     return;
                 }
                 Err(e) => {
-                    failures.count(&e);
+                    failures.count(&e, &self.pipeline.names);
                     // Boxed: quarantining or yielding a slot is rare, and inline its state
                     // would make every delivery's task many kilobytes larger, copied whole
                     // when the task is spawned and when it completes.
@@ -379,7 +397,16 @@ impl Task {
                 Err(y) => warn!(error = %y, "message could not yield its slot"),
             }
         }
-        warn!(error = %f.last, retry_in_ms = wait.as_millis() as u64, "message not decided");
+        let retry_in_ms = wait.as_millis() as u64;
+        match &f.unroutable_dispatch {
+            // No sender's queue is bound: said once per routing key, with the remedy.
+            Some(key) => {
+                if !self.unrouted.first(key, &self.pipeline.names.dispatch) {
+                    debug!(error = %f.last, retry_in_ms, "message not dispatched");
+                }
+            }
+            None => warn!(error = %f.last, retry_in_ms, "message not decided"),
+        }
         if self.channels_lost() || sleep_or_stop(wait, &self.stop).await {
             // Given up without a dispatch: its copies need not wait out the lease.
             self.pipeline.abandon(body, claim).await;
@@ -404,12 +431,21 @@ struct Failures {
     first: Option<String>,
     last: String,
     since: Option<std::time::Instant>,
+    /// The routing key of the last failure's dispatch when no queue was bound for it.
+    unroutable_dispatch: Option<String>,
 }
 
 impl Failures {
     /// Counts a failed attempt.
-    fn count(&mut self, e: &crate::pipeline::HandleError) {
+    fn count(&mut self, e: &HandleError, names: &Names) {
         self.attempts += 1;
+        self.unroutable_dispatch = match e {
+            HandleError::Broker(BrokerError::Unroutable {
+                exchange,
+                routing_key,
+            }) if *exchange == names.dispatch => Some(routing_key.clone()),
+            _ => None,
+        };
         self.last = e.to_string();
         self.first.get_or_insert_with(|| self.last.clone());
         self.since.get_or_insert_with(std::time::Instant::now);
@@ -431,6 +467,54 @@ impl Failures {
             attempts: self.attempts,
             first_error: self.first.clone().unwrap_or_default(),
         }
+    }
+}
+
+/// The routing keys for which a dispatch came back unroutable, no sender's queue being bound:
+/// said once per key with the remedy, not once per message and retry, until a dispatch with
+/// that key is routed again.
+#[derive(Default)]
+struct Unrouted {
+    keys: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Whether `keys` has any: every dispatch asks, and the lock is taken only then.
+    any: std::sync::atomic::AtomicBool,
+}
+
+impl Unrouted {
+    /// Notes that a dispatch to `exchange` with `key` was unroutable; the first time for `key`,
+    /// logs it with the remedy and returns true.
+    fn first(&self, key: &str, exchange: &str) -> bool {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if keys.contains(key) {
+            return false;
+        }
+        keys.insert(key.to_owned());
+        self.any.store(true, std::sync::atomic::Ordering::Relaxed);
+        warn!(
+            exchange,
+            routing_key = key,
+            "no queue is bound to {exchange} for routing key \
+            {key}: bind a sender's queue, or run `sendquota tail`; its dispatches wait until one \
+            is bound"
+        );
+        true
+    }
+
+    /// Notes that a dispatch with `key` was routed: should it be unroutable again, it is said
+    /// again.
+    fn routed(&self, key: &str) {
+        if !self.any.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if keys.remove(key) {
+            info!(
+                routing_key = key,
+                "dispatches for routing key {key} are routed again"
+            );
+        }
+        self.any
+            .store(!keys.is_empty(), std::sync::atomic::Ordering::Relaxed);
     }
 }
 

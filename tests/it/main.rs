@@ -22,6 +22,7 @@ mod headline_rule_zones;
 mod input_fuzz;
 mod invalid_messages;
 mod observability;
+mod ordering;
 mod policy_outcomes;
 mod replay;
 mod resilience;

@@ -50,15 +50,7 @@ async fn a_denial_that_postgres_refuses_is_retried_until_it_is_written() {
 async fn a_dispatch_no_queue_would_receive_is_retried_until_a_sender_binds() {
     let mut env = TestEnv::new().await;
     let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
-    env.channel
-        .queue_unbind(
-            env.dispatched_queue.as_str().into(),
-            env.names.dispatch.as_str().into(),
-            "#".into(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("unbind the sender queue");
+    env.unbind_dispatched().await;
     env.start_worker(&clock);
     env.publish(&request("waiting", "alice", "UTC")).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -67,16 +59,7 @@ async fn a_dispatch_no_queue_would_receive_is_retried_until_a_sender_binds() {
         "an unroutable dispatch is not lost"
     );
 
-    env.channel
-        .queue_bind(
-            env.dispatched_queue.as_str().into(),
-            env.names.dispatch.as_str().into(),
-            "sms".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("bind the sender queue");
+    env.bind_dispatched("sms").await;
     let mut seen = HashMap::new();
     assert!(env.outcome("waiting", &mut seen).await);
     env.stop_worker().await;

@@ -322,6 +322,35 @@ impl TestEnv {
             .expect("drop the refusing trigger");
     }
 
+    /// Unbinds the test's own dispatched queue from the dispatch exchange: no queue receives
+    /// a dispatch, as before any sender ran.
+    pub async fn unbind_dispatched(&self) {
+        self.channel
+            .queue_unbind(
+                self.dispatched_queue.as_str().into(),
+                self.names.dispatch.as_str().into(),
+                "#".into(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("unbind the sender queue");
+    }
+
+    /// Binds the test's own dispatched queue to the dispatch exchange with `routing_key`, as a
+    /// sender would.
+    pub async fn bind_dispatched(&self, routing_key: &str) {
+        self.channel
+            .queue_bind(
+                self.dispatched_queue.as_str().into(),
+                self.names.dispatch.as_str().into(),
+                routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the sender queue");
+    }
+
     /// Messages ready (not counting deliveries in progress) in `queue`.
     pub async fn ready(&self, queue: &str) -> u32 {
         let passive = lapin::options::QueueDeclareOptions {
