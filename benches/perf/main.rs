@@ -57,7 +57,7 @@
 //! Beside them: `args` (flags), `progress` (progress lines), `procs` (CPU and memory of processes
 //! from /proc), `scrape` (the worker's /metrics), `keyspace` (this run's Redis keys), `queues`
 //! (RabbitMQ helpers), `decision_path` (`Limiter::evaluate` driven concurrently), `ceilings`
-//! ((a1) and (a2)), `worker` (the worker binary, started through the tests' harness) and
+//! ((a1) and (a2)), `relay` (the no-work relay's shapes), `worker` (the worker binary, started through the tests' harness) and
 //! `report` (the table and the notes).
 
 #[path = "../common/mod.rs"]

@@ -50,8 +50,8 @@ impl RelayShape {
     /// The shape (a2) measures with: the fastest of [`RelayShape::ALL`] in this session's
     /// alternating runs (docs/performance.md).
     pub const CEILING: RelayShape = RelayShape {
-        threads: 2,
-        two_connections: false,
+        threads: 1,
+        two_connections: true,
         acks: Acks::Coalesced,
     };
 
