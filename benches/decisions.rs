@@ -73,7 +73,7 @@ async fn run(
                     .evaluate(&policy, m, at, true)
                     .await
                     .expect("evaluate");
-                usize::from(e.committed)
+                usize::from(e.committed())
             }
         })
         .buffer_unordered(concurrency)
@@ -169,7 +169,7 @@ async fn first_messages_to_hostile_ids(
                 .evaluate(policy, &request, now, true)
                 .await
                 .expect("redis answers");
-            usize::from(evaluation.committed)
+            usize::from(evaluation.committed())
         })
         .buffer_unordered(concurrency)
         .fold(0, |sum, one| async move { sum + one })

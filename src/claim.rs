@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::limiter::script::Mode;
+use crate::limiter::script::{Mode, Reply};
 use crate::limiter::Limiter;
 use crate::message::SendRequest;
 
@@ -93,7 +93,7 @@ impl Claim {
             .claim_op(message, Utc::now(), self, Mode::Renew)
             .await
         {
-            Ok(reply) if reply.first() == Some(&0) => {
+            Ok(Reply::Ran { done: false, .. }) => {
                 tracing::warn!(message_id = %message.id,
                     "in-flight claim lost (held past its lease); a copy may be decided");
                 false

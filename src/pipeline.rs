@@ -15,13 +15,13 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
-use crate::decision::{Outcome, Verdict};
+use crate::decision::Verdict;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
 use crate::failpoint::{self, Failpoint};
-use crate::limiter::{Limiter, LimiterError};
+use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Failure, Handled, Settled};
+use crate::outcome::{Failure, Handled, Outcome, Settled};
 use crate::policy::Policy;
 use crate::telemetry;
 
@@ -147,9 +147,6 @@ impl Pipeline {
         self.metrics
             .decision_seconds
             .record(started.elapsed().as_secs_f64());
-        if evaluation.dispatched {
-            return Ok(Handled::Duplicate);
-        }
         let decoded = Decoded {
             publisher,
             message,
@@ -157,10 +154,12 @@ impl Pipeline {
             now,
             replay_of,
         };
-        if evaluation.in_flight.is_some() {
-            return self.wait_in_flight(&decoded).await;
-        }
-        for v in &evaluation.verdicts {
+        let verdicts = match &evaluation {
+            Evaluation::Decided { verdicts, .. } => verdicts,
+            Evaluation::Dispatched => return Ok(Handled::Duplicate),
+            Evaluation::InFlight { .. } => return self.wait_in_flight(&decoded).await,
+        };
+        for v in verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
         }
         match evaluation.outcome(&self.policy, message) {

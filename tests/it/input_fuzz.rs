@@ -1296,9 +1296,9 @@ async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and
                 .evaluate(policy_ref, &request, now, true)
                 .await
                 .expect("redis answers");
-            let allowed = evaluation.committed
-                && evaluation.verdicts.len() == 1
-                && evaluation.verdicts[0].allowed;
+            let allowed = evaluation.committed()
+                && evaluation.verdicts().len() == 1
+                && evaluation.verdicts()[0].allowed;
             (request.recipient, allowed, format!("{evaluation:?}"))
         })
         .buffer_unordered(128)

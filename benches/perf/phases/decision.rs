@@ -113,7 +113,7 @@ async fn headline(bench: &Bench, report: &mut Report, messages: &[SendRequest]) 
         .await
         .expect("probe");
     assert!(
-        !seen.verdicts[0].allowed && seen.verdicts[0].remaining == Some(0),
+        !seen.verdicts()[0].allowed && seen.verdicts()[0].remaining == Some(0),
         "the bare loop's state is not what the limiter reads: {seen:?}"
     );
     report.cpu(procs, "a1 bare pipelined EVALSHA", &a1);
