@@ -505,20 +505,11 @@ impl Limiter {
             cost: 1,
             payload: None,
         };
+        // The probe's channel and category may be "*": the peeked rules match it whatever
+        // their filters, having been chosen by them already.
         let rules = policy
-            .rules
-            .iter()
-            .filter(|r| r.scope == Scope::Recipient)
-            .filter(|r| {
-                channel.is_none_or(|c| {
-                    r.matcher.channels.is_empty() || r.matcher.channels.iter().any(|x| x == c)
-                })
-            })
-            .filter(|r| {
-                category.is_none_or(|c| {
-                    r.matcher.categories.is_empty() || r.matcher.categories.iter().any(|x| x == c)
-                })
-            })
+            .rules_that_may_match(Scope::Recipient, channel, category)
+            .into_iter()
             .map(|r| Rule {
                 matcher: Default::default(),
                 ..r.clone()
