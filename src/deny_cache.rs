@@ -227,12 +227,6 @@ impl DenyCache {
     }
 }
 
-/// The Redis pub/sub channel on which quota-freeing events of `namespace` are announced to
-/// every worker.
-pub fn channel(namespace: &str) -> String {
-    format!("{namespace}:deny-cache")
-}
-
 /// Tells every worker's deny cache that `recipient`'s state changed in a way a cached denial
 /// did not foresee (quota freed, or a partial re-admission).
 pub async fn announce(
@@ -241,7 +235,7 @@ pub async fn announce(
     recipient: &str,
 ) -> redis::RedisResult<()> {
     let _: i64 = redis::cmd("PUBLISH")
-        .arg(channel(namespace))
+        .arg(crate::keys::deny_cache_channel(namespace))
         .arg(recipient)
         .query_async(&mut conn.clone())
         .await?;

@@ -242,7 +242,9 @@ impl Pipeline {
         };
         {
             let work = std::pin::pin!(work);
-            claim.held_while(&self.limiter, message, work).await?;
+            claim
+                .held_while(|| self.limiter.renew_claim(message, claim), work)
+                .await?;
         }
         Ok(Handled::Dispatched {
             shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
@@ -340,7 +342,7 @@ impl Pipeline {
     /// dispatch (it goes back to the queue): its copies need not wait out the lease.
     pub async fn abandon(&self, body: &[u8], claim: &Claim) {
         if let Ok(message) = SendRequest::decode(body, self.max_body_bytes) {
-            claim.release(&self.limiter, &message).await;
+            self.limiter.release_claim(&message, claim).await;
         }
     }
 

@@ -5,7 +5,6 @@
 //! after another; if a later scope refuses, what earlier scopes took for this message id is
 //! refunded, so a message that is not dispatched leaves no quota consumed.
 
-pub mod keys;
 pub mod script;
 
 use std::collections::HashSet;
@@ -18,6 +17,7 @@ use crate::claim::Claim;
 use crate::decision::{self, Verdict};
 use crate::dedup;
 use crate::deny_cache::{self, DenyCache};
+use crate::keys;
 use crate::kinds::{calendar, Kind};
 use crate::message::SendRequest;
 use crate::outcome::Outcome;
@@ -409,9 +409,38 @@ impl Limiter {
         t
     }
 
+    /// Extends `claim` on `message` by a lease; false once it is lost (held past its lease and
+    /// taken by another delivery), when renewing is pointless. For [`Claim::held_while`].
+    pub async fn renew_claim(&self, message: &SendRequest, claim: &Claim) -> bool {
+        match self.claim_op(message, Utc::now(), claim, Mode::Renew).await {
+            Ok(Reply::Ran { done: false, .. }) => {
+                tracing::warn!(message_id = %message.id,
+                    "in-flight claim lost (held past its lease); a copy may be decided");
+                false
+            }
+            Ok(_) => true,
+            // Redis away: the next renewal tries again, inside the lease.
+            Err(e) => {
+                tracing::debug!(error = %e, "in-flight claim not renewed");
+                true
+            }
+        }
+    }
+
+    /// Drops `claim` on `message`, for a delivery given up without a dispatch; errors are left
+    /// to the lease.
+    pub async fn release_claim(&self, message: &SendRequest, claim: &Claim) {
+        if let Err(e) = self
+            .claim_op(message, Utc::now(), claim, Mode::Release)
+            .await
+        {
+            tracing::debug!(error = %e, "in-flight claim not released; it expires with its lease");
+        }
+    }
+
     /// Runs a claim-only mode of the decision script (`claim`, `renew`, `release`: no rules)
     /// on `message`'s claim for `claim`'s delivery; the script's reply numbers.
-    pub(crate) async fn claim_op(
+    async fn claim_op(
         &self,
         message: &SendRequest,
         now: DateTime<Utc>,
@@ -422,7 +451,7 @@ impl Limiter {
         let call = ScopeCall {
             rules: Vec::new(),
             keys: vec![
-                dedup::sent_key(&self.namespace, &tag),
+                keys::sent_key(&self.namespace, &tag),
                 keys::claims_key(&self.namespace, &tag),
             ],
             reads_marks: true,
@@ -468,7 +497,7 @@ impl Limiter {
                 -1,
             );
         }
-        read.zrange(dedup::sent_key(&self.namespace, &tag), 0, -1);
+        read.zrange(keys::sent_key(&self.namespace, &tag), 0, -1);
         let replies: Vec<Vec<String>> = read.query_async(&mut self.conn.clone()).await?;
         let admitted: HashSet<String> = replies.into_iter().flatten().collect();
         cache.fill(
@@ -599,7 +628,7 @@ impl Limiter {
                 }
                 let reads_marks = marks && scope == Scope::Recipient;
                 if reads_marks {
-                    rule_keys.push(dedup::sent_key(&self.namespace, &tag));
+                    rule_keys.push(keys::sent_key(&self.namespace, &tag));
                 }
                 let claims = reads_marks && claims;
                 if claims {

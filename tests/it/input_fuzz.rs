@@ -17,7 +17,7 @@ use proptest::sample::Index;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestCaseResult;
 use sendquota::config::{ConfigError, Settings};
-use sendquota::internals::limiter::keys::{encode, rule_key, scope_tag};
+use sendquota::internals::keys::{encode, rule_key, scope_tag};
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::{
     format_character, name_fault, InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES,
