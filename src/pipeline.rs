@@ -17,7 +17,7 @@ use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::decision::Verdict;
 use crate::dedup::DispatchMarks;
-use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
+use crate::denials::{DenialError, DenialRow, DenialWriter};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
@@ -357,16 +357,15 @@ impl Pipeline {
     ) -> Result<(), DenialError> {
         let started = Instant::now();
         self.denials
-            .write(DenialRow::from(&NewDenial {
-                message,
-                rule: &verdict.rule,
-                kind: verdict.kind,
+            .write(DenialRow {
+                rule: verdict.rule.clone(),
+                kind: verdict.kind.to_owned(),
                 reason: verdict.reason.clone(),
                 shadow,
                 retry_after,
-                denied_at: now,
                 replay_of,
-            }))
+                ..DenialRow::for_message(message, now)
+            })
             .await?;
         self.metrics
             .denial_write_seconds

@@ -280,7 +280,7 @@ async fn a_message_stuck_in_flight_does_not_hold_back_the_acks_of_the_messages_b
         .denials()
         .await
         .into_iter()
-        .map(|d| d.message_id)
+        .map(|d| d.row.message_id)
         .collect();
     let stuck: Vec<String> = env
         .drain(&env.names.requests)
