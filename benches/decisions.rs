@@ -134,7 +134,7 @@ async fn run(
                     .evaluate(&policy, m, at, true)
                     .await
                     .expect("evaluate");
-                usize::from(e.committed)
+                usize::from(e.committed())
             }
         })
         .buffer_unordered(concurrency)
@@ -245,7 +245,7 @@ async fn first_messages_to_hostile_ids(
                 .evaluate(policy, &request, now, true)
                 .await
                 .expect("redis answers");
-            usize::from(evaluation.committed)
+            usize::from(evaluation.committed())
         })
         .buffer_unordered(concurrency)
         .fold(0, |sum, one| async move { sum + one })
@@ -276,12 +276,12 @@ impl Versus<'_> {
                 let e = self
                     .limiter
                     .evaluate(&self.headline, message, self.at, true);
-                e.await.expect("evaluate").committed
+                e.await.expect("evaluate").committed()
             }
             Side::HeadlineClaimed => {
                 let claim = Claim::new(30_000);
                 let e = (self.limiter).evaluate_claimed(&self.headline, message, self.at, &claim);
-                e.await.expect("evaluate_claimed").committed
+                e.await.expect("evaluate_claimed").committed()
             }
             Side::FixedWindow => {
                 let (count, _ttl): (i64, i64) = self

@@ -549,7 +549,7 @@ async fn produce(
             let front = queue.front().expect("not empty");
             if front.kind == Kind::Quarantine && !marked.contains(&front.key.0) {
                 let recipient = front.key.0.clone();
-                let key = sendquota::internals::dedup::recipient_sent_key(&namespace, &recipient);
+                let key = sendquota::internals::keys::recipient_sent_key(&namespace, &recipient);
                 let score = tokio::time::timeout(
                     Duration::from_millis(300),
                     redis::cmd("ZSCORE")

@@ -350,7 +350,7 @@ async fn check(
         .await
     {
         Ok(evaluation) => Json(decision::report(
-            &evaluation.verdicts,
+            evaluation.verdicts(),
             &evaluation.outcome(&state.policy, &message),
         ))
         .into_response(),

@@ -21,12 +21,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use chrono::Utc;
-
-use crate::limiter::script::Mode;
-use crate::limiter::Limiter;
-use crate::message::SendRequest;
-
 /// The claim one delivery holds on its message id: a token no other delivery has, and the
 /// lease each take or renewal grants.
 #[derive(Debug, Clone)]
@@ -63,15 +57,16 @@ impl Claim {
         self.lease_ms
     }
 
-    /// Runs `work` while keeping this claim on `message` alive, renewing it every third of the
-    /// lease. The renewals run in the caller's task, between polls of `work`: a dispatch
-    /// normally ends long before the first one, so it costs no task and no copy of the message.
-    /// `work` is pinned by the caller: taken by value, it would be stored twice in this
-    /// future's state (the argument and the pinned local), kilobytes per delivery.
-    pub async fn held_while<T>(
+    /// Runs `work` while keeping this claim alive with `renew`, every third of the lease,
+    /// until `renew` says the claim is lost. The renewals run in the caller's task, between
+    /// polls of `work`: a dispatch normally ends long before the first one, so it costs no task
+    /// and no copy of the message. The claim's owner in Redis (the limiter) renews it: this
+    /// module holds no connection. `work` is pinned by the caller: taken by value, it would be
+    /// stored twice in this future's state (the argument and the pinned local), kilobytes per
+    /// delivery.
+    pub async fn held_while<T, R: Future<Output = bool>>(
         &self,
-        limiter: &Limiter,
-        message: &SendRequest,
+        mut renew: impl FnMut() -> R,
         mut work: std::pin::Pin<&mut impl Future<Output = T>>,
     ) -> T {
         let every = Duration::from_millis((self.lease_ms / 3).max(1) as u64);
@@ -80,41 +75,9 @@ impl Claim {
             tokio::select! {
                 out = &mut work => return out,
                 _ = tokio::time::sleep(every), if renewing => {
-                    renewing = self.renew(limiter, message).await;
+                    renewing = renew().await;
                 }
             }
-        }
-    }
-
-    /// Extends this claim by a lease; false once it is lost (held past its lease and taken by
-    /// another delivery), when renewing is pointless.
-    async fn renew(&self, limiter: &Limiter, message: &SendRequest) -> bool {
-        match limiter
-            .claim_op(message, Utc::now(), self, Mode::Renew)
-            .await
-        {
-            Ok(reply) if reply.first() == Some(&0) => {
-                tracing::warn!(message_id = %message.id,
-                    "in-flight claim lost (held past its lease); a copy may be decided");
-                false
-            }
-            Ok(_) => true,
-            // Redis away: the next renewal tries again, inside the lease.
-            Err(e) => {
-                tracing::debug!(error = %e, "in-flight claim not renewed");
-                true
-            }
-        }
-    }
-
-    /// Drops this claim on `message`, for a delivery given up without a dispatch; errors are
-    /// left to the lease.
-    pub async fn release(&self, limiter: &Limiter, message: &SendRequest) {
-        if let Err(e) = limiter
-            .claim_op(message, Utc::now(), self, Mode::Release)
-            .await
-        {
-            tracing::debug!(error = %e, "in-flight claim not released; it expires with its lease");
         }
     }
 }

@@ -417,11 +417,11 @@ async fn check(
         .evaluate(&settings.policy, &request, now, commit)
         .await
         .map_err(|e| service("redis")(&e))?;
-    let out = if evaluation.dispatched {
+    let out = if evaluation.dispatched() {
         decision::duplicate_report()
     } else {
         decision::report(
-            &evaluation.verdicts,
+            evaluation.verdicts(),
             &evaluation.outcome(&settings.policy, &request),
         )
     };

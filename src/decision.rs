@@ -1,10 +1,10 @@
-//! From every rule's verdict to one outcome for the message. Pure: no I/O, no clock; the
-//! limiter produces the verdicts.
+//! From every rule's verdict to one outcome for the message ([`Outcome`], which
+//! [`crate::outcome`] owns). Pure: no I/O, no clock; the limiter produces the verdicts.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::outcome::OutcomeName;
+use crate::outcome::{Outcome, OutcomeName};
 use crate::policy::OnDeny;
 
 /// One rule's verdict on one message.
@@ -31,31 +31,6 @@ pub struct Verdict {
     /// Why it refused (empty when it allowed).
     #[serde(skip)]
     pub reason: String,
-}
-
-/// What happens to a message, decided from its rules' verdicts.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// Every enforcing rule allowed it: dispatch. Shadow rules that would have refused are
-    /// listed so they can be recorded.
-    Allow {
-        /// Verdicts of shadow rules that refused.
-        shadow_refusals: Vec<Verdict>,
-    },
-    /// A `drop` rule refused it: record the denial.
-    Deny {
-        /// The first refusing `drop` rule, in policy order: the rule the denial is recorded under.
-        rule: Verdict,
-        /// When every refusing rule would allow again (the latest of their `retry_after`).
-        retry_after: Option<DateTime<Utc>>,
-    },
-    /// Only `delay` rules refused it: park it until they would allow.
-    Delay {
-        /// The refusing delay rule that allows last.
-        rule: Verdict,
-        /// When to decide again.
-        until: DateTime<Utc>,
-    },
 }
 
 /// Decides the outcome from the verdicts of every rule that applies, in policy order.
@@ -94,26 +69,6 @@ pub fn decide(verdicts: &[Verdict]) -> Outcome {
     }
 }
 
-impl Outcome {
-    /// This outcome with its `retry_after` (deny) or `until` (delay) moved to `admissible(t)`:
-    /// the refusing rules say when they would admit again, but a rule that admits now can
-    /// refuse then (a quiet period beginning at midnight), and a replay or a delayed message
-    /// sent at that instant would only be refused again.
-    pub fn postponed(self, admissible: impl Fn(DateTime<Utc>) -> DateTime<Utc>) -> Outcome {
-        match self {
-            Outcome::Deny { rule, retry_after } => Outcome::Deny {
-                rule,
-                retry_after: retry_after.map(admissible),
-            },
-            Outcome::Delay { rule, until } => Outcome::Delay {
-                rule,
-                until: admissible(until),
-            },
-            allow => allow,
-        }
-    }
-}
-
 /// Every rule's verdict and the outcome made of them, as `check` and `POST /v1/check` print
 /// them.
 pub fn report(verdicts: &[Verdict], outcome: &Outcome) -> serde_json::Value {
@@ -149,35 +104,6 @@ fn rfc3339(t: DateTime<Utc>) -> String {
 /// of [`decide`] applies. Same fields as [`report`], for callers that print either.
 pub fn duplicate_report() -> serde_json::Value {
     serde_json::json!({"outcome": OutcomeName::Duplicate, "rule": null, "retry_after": null, "rules": []})
-}
-
-impl Outcome {
-    /// The name printed for this outcome.
-    pub fn name(&self) -> OutcomeName {
-        match self {
-            Outcome::Allow { shadow_refusals } if shadow_refusals.is_empty() => OutcomeName::Allow,
-            Outcome::Allow { .. } => OutcomeName::Shadow,
-            Outcome::Deny { .. } => OutcomeName::Deny,
-            Outcome::Delay { .. } => OutcomeName::Delay,
-        }
-    }
-
-    /// The rule that decided the outcome, if any refused.
-    pub fn rule(&self) -> Option<&Verdict> {
-        match self {
-            Outcome::Allow { shadow_refusals } => shadow_refusals.first(),
-            Outcome::Deny { rule, .. } | Outcome::Delay { rule, .. } => Some(rule),
-        }
-    }
-
-    /// When the message could go out, for outcomes that hold it back.
-    pub fn retry_after(&self) -> Option<DateTime<Utc>> {
-        match self {
-            Outcome::Allow { .. } => None,
-            Outcome::Deny { retry_after, .. } => *retry_after,
-            Outcome::Delay { until, .. } => Some(*until),
-        }
-    }
 }
 
 #[cfg(test)]

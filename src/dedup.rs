@@ -1,13 +1,13 @@
 //! The duplicate check: which message ids have been dispatched, so a redelivery is not sent
 //! twice. This module owns the marks: their key, reading one, writing one and retrying a
 //! failed write. The decision script reads them too, in the same call as the quota (the
-//! limiter passes it [`sent_key`]).
+//! limiter passes it [`keys::sent_key`]).
 //!
 //! The mark is written after the broker confirmed the dispatch and before the request is acked.
 //! A crash between those two steps is the one window in which a message can be dispatched twice
 //! (the quota is still not consumed twice: the limiter recognises the id).
 //!
-//! Marks live in one sorted set per recipient ([`sent_key`]): member = message id,
+//! Marks live in one sorted set per recipient ([`keys::sent_key`]): member = message id,
 //! score = when the mark expires. Sharing the recipient's hash tag lets the decision script of
 //! the recipient scope read the mark in the same call that checks the quota, so a decision is
 //! one round trip; and the deny cache can read every mark of a recipient at once, which keeps
@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::limiter::keys;
+use crate::keys::{self, recipient_sent_key, sent_key};
 use crate::message::SendRequest;
 use crate::policy::ScopeValue;
 use crate::store::RedisConn;
@@ -114,22 +114,6 @@ impl DispatchMarks {
     }
 }
 
-/// The sorted set of a recipient's dispatched message ids (score: when the mark expires, in
-/// epoch ms). It carries the recipient's hash tag, so the decision script of the recipient
-/// scope can read it in the same call; with three segments after the namespace it cannot
-/// collide with a rule's key, which has four.
-pub fn sent_key(namespace: &str, tag: &str) -> String {
-    keys::join(&[namespace, tag, "sent"])
-}
-
-/// [`sent_key`] of `recipient`, for callers that do not hold the recipient's tag already.
-pub fn recipient_sent_key(namespace: &str, recipient: &str) -> String {
-    sent_key(
-        namespace,
-        &keys::scope_tag(&ScopeValue::Recipient(recipient)),
-    )
-}
-
 /// Whether `message` holds an unexpired dispatch mark at `now`, read on its own: for
 /// committing decisions without a recipient-scope rule, whose script calls cannot reach the
 /// marks.
@@ -145,14 +129,4 @@ pub async fn is_marked(
         .query_async(&mut conn.clone())
         .await?;
     Ok(expires.is_some_and(|ms| ms > now.timestamp_millis()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_recipients_marks_share_its_hash_tag() {
-        assert_eq!(recipient_sent_key("ns", "r1"), "ns:{r:r1}:sent");
-    }
 }

@@ -70,7 +70,9 @@ struct Entry {
     verdicts: Vec<Verdict>,
 }
 
-/// Whether `entry` was filled for messages in `zone` matching `rules`.
+/// Whether `entry` was filled for messages in `zone` matching `rules`: the rules
+/// [`Policy::rules_for`] matched (names are unique), so whatever a rule matches on, two
+/// messages share an entry only when they meet the same rules.
 fn same_question(entry: &Entry, zone: Tz, rules: &[&Rule]) -> bool {
     entry.zone == zone
         && entry
@@ -113,10 +115,10 @@ impl DenyCache {
     /// some recipient-scope rule has a match filter, a message matching other rules than a
     /// cached one's can be admitted while that one is refused, and change rules both match.
     pub fn admission_invalidates(policy: &Policy) -> bool {
-        policy.rules.iter().any(|r| {
-            r.scope == Scope::Recipient
-                && !(r.matcher.channels.is_empty() && r.matcher.categories.is_empty())
-        })
+        policy
+            .rules
+            .iter()
+            .any(|r| r.scope == Scope::Recipient && !r.matches_everything())
     }
 
     /// Turns the cache on (the invalidation subscription is listening) or off (it is not:
@@ -225,12 +227,6 @@ impl DenyCache {
     }
 }
 
-/// The Redis pub/sub channel on which quota-freeing events of `namespace` are announced to
-/// every worker.
-pub fn channel(namespace: &str) -> String {
-    format!("{namespace}:deny-cache")
-}
-
 /// Tells every worker's deny cache that `recipient`'s state changed in a way a cached denial
 /// did not foresee (quota freed, or a partial re-admission).
 pub async fn announce(
@@ -239,7 +235,7 @@ pub async fn announce(
     recipient: &str,
 ) -> redis::RedisResult<()> {
     let _: i64 = redis::cmd("PUBLISH")
-        .arg(channel(namespace))
+        .arg(crate::keys::deny_cache_channel(namespace))
         .arg(recipient)
         .query_async(&mut conn.clone())
         .await?;

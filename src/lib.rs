@@ -11,8 +11,8 @@
 //!   -> message    decode and validate the request
 //!   -> policy     which rules apply (kinds: each limiter kind, beside lua/kinds/<kind>.lua)
 //!   -> limiter    one Lua script call per scope, all-or-nothing, refunds across scopes
-//!                 (claim: one delivery of an id at a time; dedup: dispatch marks;
-//!                 deny_cache: full recipients answered from memory)
+//!                 (keys: every Redis name; claim: one delivery of an id at a time;
+//!                 dedup: dispatch marks; deny_cache: full recipients answered from memory)
 //!   -> decision   pure: every rule's verdict -> allow / deny / delay / shadow
 //!   -> pipeline   make the outcome durable: dispatch publish and mark, denial row
 //!                 (denials), delay queue, invalid queue, quarantine
@@ -45,6 +45,7 @@ mod decision;
 mod dedup;
 mod denials;
 mod deny_cache;
+mod keys;
 mod kinds;
 mod limiter;
 mod message;
@@ -96,6 +97,10 @@ pub mod internals {
     /// The crate's `deny_cache` module.
     pub mod deny_cache {
         pub use crate::deny_cache::*;
+    }
+    /// The crate's `keys` module.
+    pub mod keys {
+        pub use crate::keys::*;
     }
     /// The crate's `kinds` module.
     pub mod kinds {

@@ -1,11 +1,13 @@
-//! What became of a message: the one list of outcome names (as `check`, the API and the
-//! `outcome` metric label spell them), what a handled delivery came to, and what the worker
-//! does after an attempt that failed. Pure: the pipeline produces these, the worker acts on
-//! them (ack, retry, quarantine).
+//! What became of a message, in one place: the one list of outcome names (as `check`, the API
+//! and the `outcome` metric label spell them), what its rules' verdicts decided ([`Outcome`],
+//! made by [`crate::decision::decide`]), what a handled delivery came to ([`Handled`]), and
+//! what the worker does after an attempt that failed. Pure: the pipeline produces these, the
+//! worker acts on them (ack, retry, quarantine).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::decision::Verdict;
 use crate::message::SendRequest;
 
 /// Every outcome a message can have.
@@ -55,6 +57,78 @@ impl OutcomeName {
             OutcomeName::Duplicate => "duplicate",
             OutcomeName::InFlight => "in_flight",
             OutcomeName::Invalid => "invalid",
+        }
+    }
+}
+
+/// What happens to a message, decided from its rules' verdicts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Every enforcing rule allowed it: dispatch. Shadow rules that would have refused are
+    /// listed so they can be recorded.
+    Allow {
+        /// Verdicts of shadow rules that refused.
+        shadow_refusals: Vec<Verdict>,
+    },
+    /// A `drop` rule refused it: record the denial.
+    Deny {
+        /// The first refusing `drop` rule, in policy order: the rule the denial is recorded under.
+        rule: Verdict,
+        /// When every refusing rule would allow again (the latest of their `retry_after`).
+        retry_after: Option<DateTime<Utc>>,
+    },
+    /// Only `delay` rules refused it: park it until they would allow.
+    Delay {
+        /// The refusing delay rule that allows last.
+        rule: Verdict,
+        /// When to decide again.
+        until: DateTime<Utc>,
+    },
+}
+
+impl Outcome {
+    /// This outcome with its `retry_after` (deny) or `until` (delay) moved to `admissible(t)`:
+    /// the refusing rules say when they would admit again, but a rule that admits now can
+    /// refuse then (a quiet period beginning at midnight), and a replay or a delayed message
+    /// sent at that instant would only be refused again.
+    pub fn postponed(self, admissible: impl Fn(DateTime<Utc>) -> DateTime<Utc>) -> Outcome {
+        match self {
+            Outcome::Deny { rule, retry_after } => Outcome::Deny {
+                rule,
+                retry_after: retry_after.map(admissible),
+            },
+            Outcome::Delay { rule, until } => Outcome::Delay {
+                rule,
+                until: admissible(until),
+            },
+            allow => allow,
+        }
+    }
+
+    /// The name printed for this outcome.
+    pub fn name(&self) -> OutcomeName {
+        match self {
+            Outcome::Allow { shadow_refusals } if shadow_refusals.is_empty() => OutcomeName::Allow,
+            Outcome::Allow { .. } => OutcomeName::Shadow,
+            Outcome::Deny { .. } => OutcomeName::Deny,
+            Outcome::Delay { .. } => OutcomeName::Delay,
+        }
+    }
+
+    /// The rule that decided the outcome, if any refused.
+    pub fn rule(&self) -> Option<&Verdict> {
+        match self {
+            Outcome::Allow { shadow_refusals } => shadow_refusals.first(),
+            Outcome::Deny { rule, .. } | Outcome::Delay { rule, .. } => Some(rule),
+        }
+    }
+
+    /// When the message could go out, for outcomes that hold it back.
+    pub fn retry_after(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Outcome::Allow { .. } => None,
+            Outcome::Deny { retry_after, .. } => *retry_after,
+            Outcome::Delay { until, .. } => Some(*until),
         }
     }
 }

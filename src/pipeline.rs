@@ -15,13 +15,13 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
-use crate::decision::{Outcome, Verdict};
+use crate::decision::Verdict;
 use crate::dedup::DispatchMarks;
-use crate::denials::{DenialError, DenialRow, DenialWriter, NewDenial};
+use crate::denials::{DenialError, DenialRow, DenialWriter};
 use crate::failpoint::{self, Failpoint};
-use crate::limiter::{Limiter, LimiterError};
+use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Failure, Handled, Settled};
+use crate::outcome::{Failure, Handled, Outcome, Settled};
 use crate::policy::Policy;
 use crate::sequence::Place;
 use crate::telemetry;
@@ -158,9 +158,6 @@ impl Pipeline {
         self.metrics
             .decision_seconds
             .record(started.elapsed().as_secs_f64());
-        if evaluation.dispatched {
-            return Ok(Handled::Duplicate);
-        }
         let decoded = Decoded {
             publisher,
             message,
@@ -168,10 +165,12 @@ impl Pipeline {
             now,
             replay_of,
         };
-        if evaluation.in_flight.is_some() {
-            return self.wait_in_flight(&decoded).await;
-        }
-        for v in &evaluation.verdicts {
+        let verdicts = match &evaluation {
+            Evaluation::Decided { verdicts, .. } => verdicts,
+            Evaluation::Dispatched => return Ok(Handled::Duplicate),
+            Evaluation::InFlight { .. } => return self.wait_in_flight(&decoded).await,
+        };
+        for v in verdicts {
             self.metrics.verdict(&v.rule, v.allowed);
         }
         match evaluation.outcome(&self.policy, message) {
@@ -254,7 +253,9 @@ impl Pipeline {
         };
         {
             let work = std::pin::pin!(work);
-            claim.held_while(&self.limiter, message, work).await?;
+            claim
+                .held_while(|| self.limiter.renew_claim(message, claim), work)
+                .await?;
         }
         Ok(Handled::Dispatched {
             shadow: shadow_refusals.into_iter().map(|v| v.rule).collect(),
@@ -352,7 +353,7 @@ impl Pipeline {
     /// dispatch (it goes back to the queue): its copies need not wait out the lease.
     pub async fn abandon(&self, body: &[u8], claim: &Claim) {
         if let Ok(message) = SendRequest::decode(body, self.max_body_bytes) {
-            claim.release(&self.limiter, &message).await;
+            self.limiter.release_claim(&message, claim).await;
         }
     }
 
@@ -367,16 +368,15 @@ impl Pipeline {
     ) -> Result<(), DenialError> {
         let started = Instant::now();
         self.denials
-            .write(DenialRow::from(&NewDenial {
-                message,
-                rule: &verdict.rule,
-                kind: verdict.kind,
+            .write(DenialRow {
+                rule: verdict.rule.clone(),
+                kind: verdict.kind.to_owned(),
                 reason: verdict.reason.clone(),
                 shadow,
                 retry_after,
-                denied_at: now,
                 replay_of,
-            }))
+                ..DenialRow::for_message(message, now)
+            })
             .await?;
         self.metrics
             .denial_write_seconds

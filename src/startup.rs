@@ -152,7 +152,7 @@ fn limiter(settings: &Settings, redis: &RedisConn, stop: &watch::Receiver<bool>)
     let cache = Arc::new(DenyCache::new());
     tokio::spawn(deny_cache::listen(
         settings.redis.clone(),
-        deny_cache::channel(&settings.namespace),
+        crate::keys::deny_cache_channel(&settings.namespace),
         cache.clone(),
         stop.clone(),
     ));

@@ -11,9 +11,8 @@ use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use sendquota::internals::dedup::recipient_sent_key;
+use sendquota::internals::keys::{ids_key, recipient_sent_key};
 use sendquota::internals::kinds::calendar::{day_number, day_start, window_reach};
-use sendquota::internals::limiter::keys::ids_key;
 
 use crate::keyspace::headline_key;
 use crate::procs::{Procs, Tally};

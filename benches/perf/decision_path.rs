@@ -53,7 +53,7 @@ pub async fn evaluate_all(
                     .evaluate(policy, m, when, true)
                     .await
                     .expect("evaluate")
-                    .committed
+                    .committed()
             }
         })
         .buffer_unordered(concurrency);

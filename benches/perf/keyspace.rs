@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use sendquota::internals::limiter::keys::{rule_key, scope_tag};
+use sendquota::internals::keys::{rule_key, scope_tag};
 use sendquota::internals::policy::ScopeValue;
 
 use crate::support::{self, TestEnv};

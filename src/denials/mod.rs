@@ -3,6 +3,7 @@
 //! A denial row is written before its message is acked, so a denial is never lost; the unique
 //! event index makes the write idempotent, so a redelivered message adds no second row.
 
+mod columns;
 mod query;
 mod writer;
 
@@ -83,82 +84,11 @@ impl DenialError {
     }
 }
 
-/// A denial about to be recorded.
-#[derive(Debug, Clone)]
-pub struct NewDenial<'a> {
-    /// The refused message.
-    pub message: &'a SendRequest,
-    /// The rule that refused it.
-    pub rule: &'a str,
-    /// That rule's kind.
-    pub kind: &'a str,
-    /// Human-readable reason.
-    pub reason: String,
-    /// Whether the rule is in shadow mode (the message was dispatched anyway).
-    pub shadow: bool,
-    /// When the message could be sent.
-    pub retry_after: Option<DateTime<Utc>>,
-    /// The decision instant (the worker's clock).
-    pub denied_at: DateTime<Utc>,
-    /// The denial a replayed message came from, if it is a replay.
-    pub replay_of: Option<i64>,
-}
-
-/// A denial ready to be written, owning its fields (it may wait in a batch).
-#[derive(Debug, Clone)]
+/// A denial row: the one shape of a denial, written by the worker and read by operators (as
+/// [`Denial`], which adds what Postgres assigns). Its columns are listed once, in
+/// [`columns::WRITTEN`], for the insert and for every read.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct DenialRow {
-    /// The producer's message id.
-    pub message_id: String,
-    /// The recipient.
-    pub recipient: String,
-    /// The channel.
-    pub channel: String,
-    /// The category.
-    pub category: String,
-    /// The refusing rule.
-    pub rule: String,
-    /// Its kind.
-    pub kind: String,
-    /// Why it refused.
-    pub reason: String,
-    /// Whether the rule is in shadow mode.
-    pub shadow: bool,
-    /// When the message could be sent.
-    pub retry_after: Option<DateTime<Utc>>,
-    /// The request as JSON text ([`SendRequest::to_json_text`]): the worker writes it without
-    /// building a JSON tree, and Postgres parses it into the jsonb column.
-    pub message: String,
-    /// The decision instant.
-    pub denied_at: DateTime<Utc>,
-    /// The denial a replayed message came from.
-    pub replay_of: Option<i64>,
-}
-
-impl From<&NewDenial<'_>> for DenialRow {
-    fn from(d: &NewDenial<'_>) -> DenialRow {
-        let m = d.message;
-        DenialRow {
-            message_id: m.id.clone(),
-            recipient: m.recipient.clone(),
-            channel: m.channel.clone(),
-            category: m.category.clone(),
-            rule: d.rule.to_owned(),
-            kind: d.kind.to_owned(),
-            reason: d.reason.clone(),
-            shadow: d.shadow,
-            retry_after: d.retry_after,
-            message: m.to_json_text(),
-            denied_at: d.denied_at,
-            replay_of: d.replay_of,
-        }
-    }
-}
-
-/// A recorded denial, as operators see it.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct Denial {
-    /// Row id; also the keyset pagination cursor.
-    pub id: i64,
     /// The producer's message id.
     pub message_id: String,
     /// The recipient.
@@ -173,32 +103,71 @@ pub struct Denial {
     pub kind: String,
     /// Why it refused.
     pub reason: String,
-    /// Whether this was a shadow (would-be) denial.
+    /// Whether the rule is in shadow mode (a would-be denial: the message was dispatched).
     pub shadow: bool,
     /// When the message could be sent.
     pub retry_after: Option<DateTime<Utc>>,
-    /// When it was denied.
+    /// The request, as the JSON text the worker wrote ([`SendRequest::to_json_text`]).
+    pub message: StoredMessage,
+    /// The decision instant (the worker's clock).
     pub denied_at: DateTime<Utc>,
+    /// The denial a replayed message came from, if it is a replay.
+    pub replay_of: Option<i64>,
+}
+
+impl DenialRow {
+    /// A row for `message` denied at `denied_at`, taking the message's fields; the caller sets
+    /// the refusal's (rule, kind, reason, shadow, retry_after, replay_of) with struct update
+    /// syntax, the others left empty here cost no allocation.
+    pub fn for_message(message: &SendRequest, denied_at: DateTime<Utc>) -> DenialRow {
+        DenialRow {
+            message_id: message.id.clone(),
+            recipient: message.recipient.clone(),
+            channel: message.channel.clone(),
+            category: message.category.clone(),
+            rule: String::new(),
+            kind: String::new(),
+            reason: String::new(),
+            shadow: false,
+            retry_after: None,
+            message: message.to_json_text().into(),
+            denied_at,
+            replay_of: None,
+        }
+    }
+}
+
+/// A recorded denial, as operators see it: its row, with what Postgres assigned and what
+/// happened to it since. Reads as its row ([`Deref`](std::ops::Deref)).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Denial {
+    /// Row id; also the keyset pagination cursor.
+    pub id: i64,
+    /// The denial as written.
+    #[sqlx(flatten)]
+    pub row: DenialRow,
     /// When it was replayed, if it was.
     pub replayed_at: Option<DateTime<Utc>>,
-    /// The denial this one's message was a replay of.
-    pub replay_of: Option<i64>,
-    /// The original request, as the JSON text the worker stored (its payload as the producer
-    /// wrote it).
-    #[sqlx(try_from = "String")]
-    pub message: StoredMessage,
+}
+
+impl std::ops::Deref for Denial {
+    type Target = DenialRow;
+
+    fn deref(&self) -> &DenialRow {
+        &self.row
+    }
 }
 
 /// A stored request's JSON text, kept as text: parsed into a `serde_json::Value`, numbers
 /// beyond f64 would change. Serialises as the JSON it holds.
-#[derive(Debug, Clone, Serialize)]
-#[serde(transparent)]
-pub struct StoredMessage(Box<serde_json::value::RawValue>);
+#[derive(Debug, Clone, PartialEq, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct StoredMessage(String);
 
 impl StoredMessage {
     /// The JSON text.
     pub fn text(&self) -> &str {
-        self.0.get()
+        &self.0
     }
 
     /// The request parsed, for readers that want fields (numbers may round).
@@ -207,17 +176,20 @@ impl StoredMessage {
     }
 }
 
-impl PartialEq for StoredMessage {
-    fn eq(&self, other: &Self) -> bool {
-        self.text() == other.text()
+impl From<String> for StoredMessage {
+    /// `text` must be JSON (as [`SendRequest::to_json_text`] writes): Postgres refuses a row
+    /// whose request is not.
+    fn from(text: String) -> StoredMessage {
+        StoredMessage(text)
     }
 }
 
-impl TryFrom<String> for StoredMessage {
-    type Error = serde_json::Error;
-
-    fn try_from(text: String) -> Result<Self, Self::Error> {
-        serde_json::value::RawValue::from_string(text).map(StoredMessage)
+impl Serialize for StoredMessage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Written as it is (Postgres stored it as jsonb, so it is JSON): no tree is built.
+        let raw: &serde_json::value::RawValue =
+            serde_json::from_str(self.text()).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
     }
 }
 
@@ -245,7 +217,8 @@ impl Denial {
     }
 }
 
-/// [`Denial::to_json`]'s shape.
+/// [`Denial::to_json`]'s shape: the wire format of `denials --format json` and
+/// `GET /v1/denials` (src/openapi.json), field order included.
 #[derive(Debug, Serialize)]
 pub struct DenialJson<'a> {
     id: i64,
@@ -301,8 +274,8 @@ impl DenialStore {
 
     /// Records a denial; returns false when the same event (message, rule, replay) was
     /// already recorded, as when a denied message is delivered again.
-    pub async fn insert(&self, d: &NewDenial<'_>) -> Result<bool, DenialError> {
-        let recorded = self.insert_batch(&[DenialRow::from(d)]).await?;
+    pub async fn insert(&self, row: &DenialRow) -> Result<bool, DenialError> {
+        let recorded = self.insert_batch(&[row]).await?;
         Ok(recorded.first().copied().unwrap_or(false))
     }
 
@@ -351,26 +324,10 @@ impl DenialStore {
             .filter(|(i, _)| first.get(&keys[*i]) == Some(i))
             .map(|(_, r)| *r)
             .collect();
-        // Columns borrow from the rows: nothing is copied before sqlx encodes it.
-        let column = |f: fn(&DenialRow) -> &str| unique.iter().map(|r| f(r)).collect::<Vec<_>>();
-        // One statement, one implicit transaction: see migrations/*_denial_events.sql.
-        let inserted: Vec<(String, String, String, Option<i64>)> = sqlx::query_as(
-            "SELECT * FROM denials_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        )
-        .bind(column(|r| &r.message_id))
-        .bind(column(|r| &r.recipient))
-        .bind(column(|r| &r.channel))
-        .bind(column(|r| &r.category))
-        .bind(column(|r| &r.rule))
-        .bind(column(|r| &r.kind))
-        .bind(column(|r| &r.reason))
-        .bind(unique.iter().map(|r| r.shadow).collect::<Vec<_>>())
-        .bind(unique.iter().map(|r| r.retry_after).collect::<Vec<_>>())
-        .bind(column(|r| &r.message))
-        .bind(unique.iter().map(|r| r.denied_at).collect::<Vec<_>>())
-        .bind(unique.iter().map(|r| r.replay_of).collect::<Vec<_>>())
-        .fetch_all(&self.pool)
-        .await?;
+        // One statement, one implicit transaction: see migrations/*_denial_events.sql. The
+        // columns borrow from the rows: nothing is copied before sqlx encodes it.
+        let inserted: Vec<columns::Inserted> =
+            columns::insert(&unique).fetch_all(&self.pool).await?;
         let new: std::collections::HashSet<EventKey<'_>> = inserted
             .iter()
             .map(|(recipient, id, rule, replay)| event_key(recipient, id, rule, *replay))
@@ -415,7 +372,7 @@ impl DenialStore {
         let mut tx = self.pool.begin().await?;
         let mut q = sqlx::QueryBuilder::new(format!(
             "SELECT {} FROM denials WHERE replayed_at IS NULL AND NOT shadow",
-            query::COLUMNS
+            columns::read()
         ));
         filter.push_conditions(&mut q);
         q.push(" AND id > ")
@@ -438,7 +395,7 @@ impl DenialStore {
     ) -> Result<Vec<Denial>, DenialError> {
         let mut q = sqlx::QueryBuilder::new(format!(
             "SELECT {} FROM denials WHERE replayed_at IS NULL AND NOT shadow",
-            query::COLUMNS
+            columns::read()
         ));
         filter.push_conditions(&mut q);
         q.push(" ORDER BY id LIMIT ").push_bind(limit.max(1));

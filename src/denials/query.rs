@@ -37,7 +37,10 @@ pub struct DenialFilter {
 impl DenialFilter {
     /// The query, every value a bound parameter.
     pub(super) fn build(&self) -> QueryBuilder<Postgres> {
-        let mut q = QueryBuilder::new(format!("SELECT {COLUMNS} FROM denials WHERE TRUE"));
+        let mut q = QueryBuilder::new(format!(
+            "SELECT {} FROM denials WHERE TRUE",
+            super::columns::read()
+        ));
         self.push_conditions(&mut q);
         if let Some(after) = self.after {
             q.push(" AND id < ").push_bind(after);
@@ -80,8 +83,3 @@ impl DenialFilter {
         }
     }
 }
-
-/// The columns of a [`super::Denial`], in its field order.
-pub(super) const COLUMNS: &str = "id, message_id, recipient, channel, category, rule, kind, \
-    reason, shadow, retry_after, denied_at, replayed_at, replay_of, \
-    COALESCE(message_text, message::text) AS message";

@@ -5,7 +5,6 @@
 //! after another; if a later scope refuses, what earlier scopes took for this message id is
 //! refunded, so a message that is not dispatched leaves no quota consumed.
 
-pub mod keys;
 pub mod script;
 
 use std::collections::HashSet;
@@ -15,14 +14,16 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
 use crate::claim::Claim;
-use crate::decision::{self, Outcome, Verdict};
+use crate::decision::{self, Verdict};
 use crate::dedup;
 use crate::deny_cache::{self, DenyCache};
+use crate::keys;
 use crate::kinds::{calendar, Kind};
 use crate::message::SendRequest;
+use crate::outcome::Outcome;
 use crate::policy::{OnDeny, Policy, Rule, Scope};
 use crate::store::RedisConn;
-use script::{KindSet, Mode, RawResult, ScopeReply};
+use script::{KindSet, Mode, RawResult, Reply};
 
 /// Failures talking to Redis. Any of them means "decide this message again later".
 #[derive(Debug, thiserror::Error)]
@@ -32,21 +33,26 @@ pub enum LimiterError {
     Redis(#[from] redis::RedisError),
 }
 
-/// Every applicable rule's verdict, and whether quota was consumed.
+/// What deciding a message in Redis came to.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Evaluation {
-    /// Verdicts in policy order.
-    pub verdicts: Vec<Verdict>,
-    /// True when every scope committed (the message may be dispatched); always false for
-    /// a dry run.
-    pub committed: bool,
+pub enum Evaluation {
+    /// Every applicable rule was checked.
+    Decided {
+        /// Verdicts in policy order.
+        verdicts: Vec<Verdict>,
+        /// True when every scope committed (the message may be dispatched); always false for
+        /// a dry run.
+        committed: bool,
+    },
     /// The message id holds an unexpired dispatch mark (see [`crate::dedup`]): it went out
-    /// before, nothing was decided and `verdicts` is empty. Only a committing evaluation looks.
-    pub dispatched: bool,
-    /// Another delivery of the message id holds its in-flight claim (see [`crate::claim`]),
-    /// for this many more ms: nothing was decided and `verdicts` is empty. Only a claimed
-    /// evaluation looks.
-    pub in_flight: Option<i64>,
+    /// before, and nothing was decided. Only a committing evaluation looks.
+    Dispatched,
+    /// Another delivery of the message id holds its in-flight claim (see [`crate::claim`]):
+    /// nothing was decided. Only a claimed evaluation looks.
+    InFlight {
+        /// How much longer that claim runs, in ms.
+        wait_ms: i64,
+    },
 }
 
 /// Runs policy rules against Redis state.
@@ -152,7 +158,7 @@ impl Limiter {
 
     /// Decides `message` at `now` against every rule of `policy` that applies. With `commit`
     /// the quota is consumed when the message may go out, unless the message id was
-    /// dispatched before (then nothing is decided: see [`Evaluation::dispatched`]); without it
+    /// dispatched before (then nothing is decided: [`Evaluation::Dispatched`]); without it
     /// nothing is written and dispatch marks are not read.
     pub async fn evaluate(
         &self,
@@ -166,7 +172,7 @@ impl Limiter {
 
     /// Decides and commits `message` as [`Limiter::evaluate`] does, for the delivery holding
     /// `claim`: nothing is decided while another delivery of the same id holds a live claim
-    /// ([`Evaluation::in_flight`]), and a message that may go out is claimed for this one, in
+    /// ([`Evaluation::InFlight`]), and a message that may go out is claimed for this one, in
     /// the same script call as its recipient-scope decision (a message without recipient-scope
     /// rules is claimed by a call of its own first, and released when it is refused).
     pub async fn evaluate_claimed(
@@ -195,7 +201,10 @@ impl Limiter {
             .filter(|_| commit && DenyCache::eligible(&rules));
         if let Some(verdicts) = cache.and_then(|c| c.lookup(message, &rules, zone, now)) {
             metrics::counter!(crate::telemetry::DENY_CACHE_HITS).increment(1);
-            return Ok(Evaluation::decided(verdicts, false));
+            return Ok(Evaluation::Decided {
+                verdicts,
+                committed: false,
+            });
         }
         let generation = cache.map(|c| c.generation());
         let calls = self.scope_calls(&rules, message, now, zone, commit, claim.is_some());
@@ -227,7 +236,10 @@ impl Limiter {
             self.remember_denial(cache, message, zone, now, &rules, &run.verdicts, generation)
                 .await?;
         }
-        Ok(Evaluation::decided(run.verdicts, admitted))
+        Ok(Evaluation::Decided {
+            verdicts: run.verdicts,
+            committed: admitted,
+        })
     }
 
     /// What is settled before any rule is read: a claim taken on its own (no recipient scope
@@ -243,17 +255,13 @@ impl Limiter {
     ) -> Result<Option<Evaluation>, LimiterError> {
         if let Some(claim) = claimed_alone {
             let reply = self.claim_op(message, now, claim, Mode::Claim).await?;
-            return Ok(match reply.as_slice() {
-                [2] => Some(Evaluation::dispatched()),
-                [3, wait] => Some(Evaluation::in_flight(*wait)),
-                _ => None,
-            });
+            return Ok(ran(reply).err());
         }
         if commit
             && !marks_read
             && dedup::is_marked(&self.conn, &self.namespace, message, now).await?
         {
-            return Ok(Some(Evaluation::dispatched()));
+            return Ok(Some(Evaluation::Dispatched));
         }
         Ok(None)
     }
@@ -282,21 +290,19 @@ impl Limiter {
             } else {
                 Mode::Check
             };
-            let reply: ScopeReply = call
+            let reply: Reply = call
                 .invoke(&mut conn, now, &message.id, mode, claim)
                 .await?;
-            if reply.dispatched {
-                // Only the first call (the recipient scope) reads the marks: nothing taken yet.
-                return Ok(Scopes::Stopped(Evaluation::dispatched()));
-            }
-            if let Some(wait) = reply.in_flight {
-                // Likewise only the first call reads the claims.
-                return Ok(Scopes::Stopped(Evaluation::in_flight(wait)));
-            }
-            for (&(index, rule), raw) in call.rules.iter().zip(&reply.results) {
+            // Only the first call (the recipient scope) reads the marks and the claims: when
+            // it stops the decision, nothing was taken yet.
+            let (committed, results) = match ran(reply) {
+                Ok(ran) => ran,
+                Err(stopped) => return Ok(Scopes::Stopped(stopped)),
+            };
+            for (&(index, rule), raw) in call.rules.iter().zip(&results) {
                 verdicts[index] = Some(verdict(rule, raw, now, zone, message.cost));
             }
-            if mode == Mode::Commit && reply.committed {
+            if mode == Mode::Commit && committed {
                 taken.push(call);
             } else {
                 blocked = true;
@@ -403,20 +409,49 @@ impl Limiter {
         t
     }
 
+    /// Extends `claim` on `message` by a lease; false once it is lost (held past its lease and
+    /// taken by another delivery), when renewing is pointless. For [`Claim::held_while`].
+    pub async fn renew_claim(&self, message: &SendRequest, claim: &Claim) -> bool {
+        match self.claim_op(message, Utc::now(), claim, Mode::Renew).await {
+            Ok(Reply::Ran { done: false, .. }) => {
+                tracing::warn!(message_id = %message.id,
+                    "in-flight claim lost (held past its lease); a copy may be decided");
+                false
+            }
+            Ok(_) => true,
+            // Redis away: the next renewal tries again, inside the lease.
+            Err(e) => {
+                tracing::debug!(error = %e, "in-flight claim not renewed");
+                true
+            }
+        }
+    }
+
+    /// Drops `claim` on `message`, for a delivery given up without a dispatch; errors are left
+    /// to the lease.
+    pub async fn release_claim(&self, message: &SendRequest, claim: &Claim) {
+        if let Err(e) = self
+            .claim_op(message, Utc::now(), claim, Mode::Release)
+            .await
+        {
+            tracing::debug!(error = %e, "in-flight claim not released; it expires with its lease");
+        }
+    }
+
     /// Runs a claim-only mode of the decision script (`claim`, `renew`, `release`: no rules)
     /// on `message`'s claim for `claim`'s delivery; the script's reply numbers.
-    pub(crate) async fn claim_op(
+    async fn claim_op(
         &self,
         message: &SendRequest,
         now: DateTime<Utc>,
         claim: &Claim,
         mode: Mode,
-    ) -> redis::RedisResult<Vec<i64>> {
+    ) -> redis::RedisResult<Reply> {
         let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(&message.recipient));
         let call = ScopeCall {
             rules: Vec::new(),
             keys: vec![
-                dedup::sent_key(&self.namespace, &tag),
+                keys::sent_key(&self.namespace, &tag),
                 keys::claims_key(&self.namespace, &tag),
             ],
             reads_marks: true,
@@ -462,7 +497,7 @@ impl Limiter {
                 -1,
             );
         }
-        read.zrange(dedup::sent_key(&self.namespace, &tag), 0, -1);
+        read.zrange(keys::sent_key(&self.namespace, &tag), 0, -1);
         let replies: Vec<Vec<String>> = read.query_async(&mut self.conn.clone()).await?;
         let admitted: HashSet<String> = replies.into_iter().flatten().collect();
         cache.fill(
@@ -499,20 +534,11 @@ impl Limiter {
             cost: 1,
             payload: None,
         };
+        // The probe's channel and category may be "*": the peeked rules match it whatever
+        // their filters, having been chosen by them already.
         let rules = policy
-            .rules
-            .iter()
-            .filter(|r| r.scope == Scope::Recipient)
-            .filter(|r| {
-                channel.is_none_or(|c| {
-                    r.matcher.channels.is_empty() || r.matcher.channels.iter().any(|x| x == c)
-                })
-            })
-            .filter(|r| {
-                category.is_none_or(|c| {
-                    r.matcher.categories.is_empty() || r.matcher.categories.iter().any(|x| x == c)
-                })
-            })
+            .rules_that_may_match(Scope::Recipient, channel, category)
+            .into_iter()
             .map(|r| Rule {
                 matcher: Default::default(),
                 ..r.clone()
@@ -522,7 +548,10 @@ impl Limiter {
             default_zone: policy.default_zone,
             rules,
         };
-        Ok(self.evaluate(&view, &probe, now, false).await?.verdicts)
+        Ok(self
+            .evaluate(&view, &probe, now, false)
+            .await?
+            .into_verdicts())
     }
 
     /// The rules a reset of one recipient clears: every recipient-scope rule.
@@ -599,7 +628,7 @@ impl Limiter {
                 }
                 let reads_marks = marks && scope == Scope::Recipient;
                 if reads_marks {
-                    rule_keys.push(dedup::sent_key(&self.namespace, &tag));
+                    rule_keys.push(keys::sent_key(&self.namespace, &tag));
                 }
                 let claims = reads_marks && claims;
                 if claims {
@@ -640,35 +669,59 @@ impl Evaluation {
     /// matching it (a rule that admits now can refuse then). The one way an outcome is made,
     /// so the worker, `check` and `POST /v1/check` cannot tell a message different instants.
     pub fn outcome(&self, policy: &Policy, message: &SendRequest) -> Outcome {
-        decision::decide(&self.verdicts)
+        decision::decide(self.verdicts())
             .postponed(|t| Limiter::admissible_after(policy, message, t))
     }
 
-    fn decided(verdicts: Vec<Verdict>, committed: bool) -> Evaluation {
-        Evaluation {
-            verdicts,
-            committed,
-            dispatched: false,
-            in_flight: None,
+    /// Every applicable rule's verdict, in policy order; none when nothing was decided.
+    pub fn verdicts(&self) -> &[Verdict] {
+        match self {
+            Evaluation::Decided { verdicts, .. } => verdicts,
+            Evaluation::Dispatched | Evaluation::InFlight { .. } => &[],
         }
     }
 
-    fn dispatched() -> Evaluation {
-        Evaluation {
-            verdicts: Vec::new(),
-            committed: false,
-            dispatched: true,
-            in_flight: None,
+    /// [`Evaluation::verdicts`], owned.
+    pub fn into_verdicts(self) -> Vec<Verdict> {
+        match self {
+            Evaluation::Decided { verdicts, .. } => verdicts,
+            Evaluation::Dispatched | Evaluation::InFlight { .. } => Vec::new(),
         }
     }
 
-    fn in_flight(wait_ms: i64) -> Evaluation {
-        Evaluation {
-            verdicts: Vec::new(),
-            committed: false,
-            dispatched: false,
-            in_flight: Some(wait_ms),
+    /// Whether every scope committed: the message may be dispatched.
+    pub fn committed(&self) -> bool {
+        matches!(
+            self,
+            Evaluation::Decided {
+                committed: true,
+                ..
+            }
+        )
+    }
+
+    /// Whether the message id was dispatched before (nothing decided).
+    pub fn dispatched(&self) -> bool {
+        matches!(self, Evaluation::Dispatched)
+    }
+
+    /// How much longer another delivery holds the message id, when one does (nothing decided).
+    pub fn in_flight(&self) -> Option<i64> {
+        match self {
+            Evaluation::InFlight { wait_ms } => Some(*wait_ms),
+            _ => None,
         }
+    }
+}
+
+/// A script reply that went on to the rules: whether it was done (committed) and each rule's
+/// result; or, for one that stopped first, what the evaluation came to (the message was
+/// dispatched before, or another delivery holds it).
+fn ran(reply: Reply) -> Result<(bool, Vec<RawResult>), Evaluation> {
+    match reply {
+        Reply::Ran { done, results } => Ok((done, results)),
+        Reply::Dispatched => Err(Evaluation::Dispatched),
+        Reply::InFlight { wait_ms } => Err(Evaluation::InFlight { wait_ms }),
     }
 }
 

@@ -215,43 +215,59 @@ pub struct RawResult {
     pub detail: i64,
 }
 
-/// The driver's reply for one scope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScopeReply {
-    /// Whether the scope's rules consumed.
-    pub committed: bool,
-    /// The message id holds an unexpired dispatch mark: nothing was checked (no results).
-    pub dispatched: bool,
-    /// Another delivery holds a live claim on the message id, for this many more ms: nothing
-    /// was checked (no results).
-    pub in_flight: Option<i64>,
-    /// Each rule's result, in the order the rules were passed.
-    pub results: Vec<RawResult>,
+/// The first number of every reply of lua/decide.lua (see its header), named once here.
+pub mod code {
+    /// The rules were checked and nothing was consumed (an enforcing rule refused, or the mode
+    /// only checks); for `renew` and `release`, the caller's token does not hold the claim.
+    pub const NOT_DONE: i64 = 0;
+    /// The rules consumed (`commit`), the refund was made, or the claim was taken, renewed or
+    /// released.
+    pub const DONE: i64 = 1;
+    /// The message id holds an unexpired dispatch mark: nothing was checked.
+    pub const DISPATCHED: i64 = 2;
+    /// Another delivery holds a live claim on the message id; the wait in ms follows.
+    pub const IN_FLIGHT: i64 = 3;
 }
 
-impl FromRedisValue for ScopeReply {
+/// A reply of the decision script, whatever its mode: the one place its numbers are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// [`code::DONE`] or [`code::NOT_DONE`], with each rule's result in the order the rules
+    /// were passed (none for the claim-only modes and for `refund`).
+    Ran {
+        /// Whether it was done: the scope's rules consumed, or the claim operation succeeded.
+        done: bool,
+        /// Each rule's result.
+        results: Vec<RawResult>,
+    },
+    /// [`code::DISPATCHED`]: the message id holds an unexpired dispatch mark.
+    Dispatched,
+    /// [`code::IN_FLIGHT`]: another delivery holds a live claim on the message id, for this
+    /// many more ms.
+    InFlight {
+        /// How long the other delivery's claim still runs.
+        wait_ms: i64,
+    },
+}
+
+impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let Value::Array(items) = v else {
             return Err(format!("decision script replied {v:?}, expected an array").into());
         };
         let rules = items.len().saturating_sub(1);
         let mut items = items.into_iter();
-        let (committed, dispatched) = match items.next() {
-            Some(Value::Int(2)) => (false, true),
-            Some(Value::Int(3)) => {
-                let wait = match items.next() {
+        let done = match items.next() {
+            Some(Value::Int(code::DISPATCHED)) => return Ok(Reply::Dispatched),
+            Some(Value::Int(code::IN_FLIGHT)) => {
+                let wait_ms = match items.next() {
                     Some(v) => i64::from_redis_value(v)?,
                     None => return Err("decision script: {3} without a wait".into()),
                 };
-                return Ok(ScopeReply {
-                    committed: false,
-                    dispatched: false,
-                    in_flight: Some(wait),
-                    results: Vec::new(),
-                });
+                return Ok(Reply::InFlight { wait_ms });
             }
-            Some(Value::Int(c)) => (c == 1, false),
-            other => return Err(format!("decision script: bad committed flag {other:?}").into()),
+            Some(Value::Int(c)) => c == code::DONE,
+            other => return Err(format!("decision script: bad reply code {other:?}").into()),
         };
         // Five numbers per rule, one rule after another (lua/decide.lua).
         if rules % 5 != 0 {
@@ -273,12 +289,7 @@ impl FromRedisValue for ScopeReply {
                 detail: rule[4],
             })
             .collect();
-        Ok(ScopeReply {
-            committed,
-            dispatched,
-            in_flight: None,
-            results,
-        })
+        Ok(Reply::Ran { done, results })
     }
 }
 
@@ -361,16 +372,19 @@ mod tests {
     #[test]
     fn a_reply_is_the_committed_flag_then_five_numbers_per_rule() {
         let int = Value::Int;
-        let reply = ScopeReply::from_redis_value(Value::Array(
+        let reply = Reply::from_redis_value(Value::Array(
             [1, 1, 0, 2, -1, 0, 0, 0, 0, 20545, 1]
                 .into_iter()
                 .map(int)
                 .collect(),
         ))
         .expect("a flat reply");
-        assert!(reply.committed && !reply.dispatched && reply.in_flight.is_none());
+        let Reply::Ran { done, results } = reply else {
+            panic!("a decision, not {reply:?}");
+        };
+        assert!(done);
         assert_eq!(
-            reply.results,
+            results,
             [
                 RawResult {
                     allowed: true,
@@ -388,9 +402,12 @@ mod tests {
                 },
             ]
         );
-        let dispatched = ScopeReply::from_redis_value(Value::Array(vec![int(2)]));
-        assert!(dispatched.expect("dispatched").dispatched);
-        let short = ScopeReply::from_redis_value(Value::Array(vec![int(0), int(1), int(0)]));
+        let dispatched = Reply::from_redis_value(Value::Array(vec![int(2)]));
+        assert!(
+            matches!(dispatched, Ok(Reply::Dispatched)),
+            "{dispatched:?}"
+        );
+        let short = Reply::from_redis_value(Value::Array(vec![int(0), int(1), int(0)]));
         assert!(short.is_err(), "{short:?}");
     }
 }

@@ -107,9 +107,20 @@ impl Policy {
 
     /// The rules that apply to `message`, in configuration order.
     pub fn rules_for<'p>(&'p self, message: &SendRequest) -> Vec<&'p Rule> {
+        self.rules.iter().filter(|r| r.matches(message)).collect()
+    }
+
+    /// The rules of `scope` that some message with `channel` and `category` would match
+    /// (`None`: any value), in configuration order: what a quota peek shows.
+    pub fn rules_that_may_match<'p>(
+        &'p self,
+        scope: Scope,
+        channel: Option<&str>,
+        category: Option<&str>,
+    ) -> Vec<&'p Rule> {
         self.rules
             .iter()
-            .filter(|r| r.matcher.matches(message))
+            .filter(|r| r.scope == scope && r.matcher.admits(channel, category))
             .collect()
     }
 
@@ -119,11 +130,32 @@ impl Policy {
     }
 }
 
+impl Rule {
+    /// Whether the rule applies to `message`: the one test of a rule against a message.
+    pub fn matches(&self, message: &SendRequest) -> bool {
+        self.matcher.matches(message)
+    }
+
+    /// Whether the rule applies to every message: then two messages to one recipient always
+    /// meet the same rules of it. Compared with the empty filter, so a match field added to
+    /// [`Match`] cannot be forgotten here.
+    pub fn matches_everything(&self) -> bool {
+        self.matcher == Match::default()
+    }
+}
+
 impl Match {
     /// Whether a message falls under this filter.
     pub fn matches(&self, message: &SendRequest) -> bool {
-        (self.channels.is_empty() || self.channels.contains(&message.channel))
-            && (self.categories.is_empty() || self.categories.contains(&message.category))
+        self.admits(Some(&message.channel), Some(&message.category))
+    }
+
+    /// Whether some message with these values (`None`: any value) falls under this filter.
+    fn admits(&self, channel: Option<&str>, category: Option<&str>) -> bool {
+        fn one(values: &[String], value: Option<&str>) -> bool {
+            value.is_none_or(|v| values.is_empty() || values.iter().any(|x| x == v))
+        }
+        one(&self.channels, channel) && one(&self.categories, category)
     }
 }
 

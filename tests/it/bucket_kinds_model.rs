@@ -425,10 +425,10 @@ fn script_matches_model_on<M: Model>(
             let id = format!("id{}", s.id);
             let msg = message(&id, &recipient, "UTC", s.cost);
             let eval = evaluate(&h, &policy, &msg, now, s.commit);
-            let got = Decision::of(&eval.verdicts[0]);
+            let got = Decision::of(&eval.verdicts()[0]);
             let want = model.decide(&id, i128::from(now), s.cost, s.commit);
             prop_assert_eq!(got, want, "step {} at {} ms: {:?}", i, now - START_MS, s);
-            prop_assert_eq!(eval.committed, s.commit && got.allowed);
+            prop_assert_eq!(eval.committed(), s.commit && got.allowed);
             if let Some(retry) = got.retry_after_ms {
                 last_retry = Some(retry);
                 prop_assert!(
@@ -439,9 +439,9 @@ fn script_matches_model_on<M: Model>(
                 );
                 // Waiting exactly retry_after is enough, one ms less is not (dry runs).
                 let at = evaluate(&h, &policy, &msg, retry, false);
-                prop_assert!(at.verdicts[0].allowed, "refused at retry_after {}", retry);
+                prop_assert!(at.verdicts()[0].allowed, "refused at retry_after {}", retry);
                 let before = evaluate(&h, &policy, &msg, retry - 1, false);
-                prop_assert!(!before.verdicts[0].allowed, "allowed before retry_after");
+                prop_assert!(!before.verdicts()[0].allowed, "allowed before retry_after");
             }
         }
         for (key, ttl) in h.keys_with_ttl(&format!("{{r:{recipient}}}:")) {
@@ -605,7 +605,7 @@ fn quiet_hours_match_chrono_tz() {
             for (i, &(now, commit)) in instants.iter().enumerate() {
                 let msg = message(&format!("id{n}-{i}"), &format!("r{n}"), zone_name, 1);
                 let eval = evaluate(&h, &policy, &msg, now.timestamp_millis(), commit);
-                let got = Decision::of(&eval.verdicts[0]);
+                let got = Decision::of(&eval.verdicts()[0]);
                 let want = quiet_model(start, end, now, zone);
                 let context = format!(
                     "quiet {}-{} in {zone} at {now} (local {})",
@@ -613,7 +613,7 @@ fn quiet_hours_match_chrono_tz() {
                     end.format("%H:%M"),
                     now.with_timezone(&zone).format("%Y-%m-%d %H:%M:%S%.3f %Z")
                 );
-                prop_assert_eq!(eval.committed, commit && got.allowed, "{}", context);
+                prop_assert_eq!(eval.committed(), commit && got.allowed, "{}", context);
                 prop_assert_eq!(got, want, "{}", context);
             }
             let keys = h.keys_with_ttl("");
@@ -644,7 +644,7 @@ fn quiet_decision(
         now.timestamp_millis(),
         true,
     );
-    (eval.verdicts[0].allowed, eval.verdicts[0].retry_after)
+    (eval.verdicts()[0].allowed, eval.verdicts()[0].retry_after)
 }
 
 fn utc(text: &str) -> DateTime<Utc> {
@@ -730,7 +730,7 @@ fn quiet_hours_retry_after_is_not_itself_quiet_when_a_gap_skips_the_open_time() 
 /// Decides message `id` of `cost` at `now_ms`, committing, and returns the rule's verdict.
 fn send(h: &Harness, policy: &Policy, id: &str, cost: u32, now_ms: i64) -> Verdict {
     let eval = evaluate(h, policy, &message(id, "r1", "UTC", cost), now_ms, true);
-    eval.verdicts[0].clone()
+    eval.verdicts()[0].clone()
 }
 
 fn at(ms: i64) -> Option<DateTime<Utc>> {
@@ -798,8 +798,8 @@ fn token_bucket_cost_above_capacity_is_refused_at_load_and_per_message() {
          period = \"1s\"\n",
     );
     let eval = evaluate(&h, &policy, &message("big", "r1", "UTC", 5), START_MS, true);
-    let v = &eval.verdicts[0];
-    assert!(!eval.committed);
+    let v = &eval.verdicts()[0];
+    assert!(!eval.committed());
     assert!(!v.allowed);
     assert_eq!(v.retry_after, None, "it never fits: no retry instant");
     assert_eq!(v.remaining, Some(3), "the full bucket is untouched");

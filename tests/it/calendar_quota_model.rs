@@ -190,7 +190,7 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
             let body = support::request(&id, &recipient, ZONES[s.zone]).to_string();
             let message = SendRequest::decode(body.as_bytes(), 1 << 16).expect("valid");
             let eval = h.evaluate(&policy, &message, now, s.commit);
-            let v = &eval.verdicts[0];
+            let v = &eval.verdicts()[0];
             let got = Decision {
                 allowed: v.allowed,
                 remaining: v.remaining.expect("calendar_quota counts"),
@@ -198,8 +198,8 @@ fn script_matches_model(settings: sendquota::config::RedisSettings) {
             };
             let want = model.decide(&id, now, zone, s.commit);
             prop_assert_eq!(got, want, "step {} at {} in {}: {:?}", i, now, zone, s);
-            prop_assert_eq!(eval.committed, s.commit && v.allowed);
-            if eval.committed {
+            prop_assert_eq!(eval.committed(), s.commit && v.allowed);
+            if eval.committed() {
                 let needed = window_reach(q.window_days);
                 let ttl = pttl(&key);
                 // The clock runs on between the commit and PTTL: 5 s covers a slow machine.
@@ -252,7 +252,7 @@ impl Recipient {
         let message = SendRequest::decode(body.to_string().as_bytes(), 1 << 16).expect("valid");
         let at: DateTime<Utc> = at.parse().expect("instant");
         let eval = self.h.evaluate(&self.policy, &message, at, true);
-        (eval.verdicts[0].allowed, eval.verdicts[0].retry_after)
+        (eval.verdicts()[0].allowed, eval.verdicts()[0].retry_after)
     }
 
     /// Writes entries the way the version before instants did: scored by local day number.

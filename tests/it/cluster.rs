@@ -137,16 +137,16 @@ async fn a_redis_that_forgot_the_decision_scripts_is_sent_them_again_and_decides
             .unwrap_or_else(|e| panic!("{target}: second decision after SCRIPT FLUSH: {e}"));
         support::delete_keys(&mut conn.clone(), &format!("{namespace}:*")).await;
         assert!(
-            first.committed,
+            first.committed(),
             "{target}: the day's first message is admitted"
         );
         let refused: Vec<(&str, bool)> = second
-            .verdicts
+            .verdicts()
             .iter()
             .map(|v| (v.rule.as_str(), v.allowed))
             .collect();
         assert_eq!(
-            (second.committed, refused),
+            (second.committed(), refused),
             (false, vec![("headline", false)]),
             "{target}: the reloaded script saw the first send"
         );

@@ -280,7 +280,7 @@ async fn a_message_stuck_in_flight_does_not_hold_back_the_acks_of_the_messages_b
         .denials()
         .await
         .into_iter()
-        .map(|d| d.message_id)
+        .map(|d| d.row.message_id)
         .collect();
     let stuck: Vec<String> = env
         .drain(&env.names.requests)
@@ -385,28 +385,28 @@ fn a_second_delivery_of_an_id_in_flight_is_told_so_and_decides_nothing() {
             let m = message("m1");
             let taken = h.evaluate_claimed(&policy, &m, now, &first);
             assert!(
-                taken.committed,
+                taken.committed(),
                 "{target}, {name}: the first delivery admitted"
             );
             let copy = h.evaluate_claimed(&policy, &m, now, &second);
             assert!(
-                copy.in_flight.is_some_and(|ms| ms > 0 && ms <= 30_000),
+                copy.in_flight().is_some_and(|ms| ms > 0 && ms <= 30_000),
                 "{target}, {name}: the copy is told the id is in flight: {copy:?}"
             );
             assert!(
-                !copy.committed && copy.verdicts.is_empty(),
+                !copy.committed() && copy.verdicts().is_empty(),
                 "{target}, {name}: {copy:?}"
             );
-            h.rt.block_on(first.release(&h.limiter, &m));
+            h.rt.block_on(h.limiter.release_claim(&m, &first));
             let after = h.evaluate_claimed(&policy, &m, now, &second);
             assert!(
-                after.committed,
+                after.committed(),
                 "{target}, {name}: decided once released: {after:?}"
             );
             // The copies consumed one send between them: the headline rule admits nothing more
             // today, and the global rule's five an hour would have three left after another.
             let room = h.evaluate(&policy, &message("m2"), now, false);
-            let remaining: Vec<_> = room.verdicts.iter().map(|v| v.remaining).collect();
+            let remaining: Vec<_> = room.verdicts().iter().map(|v| v.remaining).collect();
             let expected = if toml.is_empty() {
                 vec![Some(0)]
             } else {

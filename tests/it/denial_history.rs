@@ -184,7 +184,7 @@ fn row(
         reason: "test".to_owned(),
         shadow: false,
         retry_after: None,
-        message: serde_json::json!({ "id": id }).to_string(),
+        message: serde_json::json!({ "id": id }).to_string().into(),
         denied_at,
         replay_of,
     }
@@ -313,7 +313,7 @@ async fn two_recipients_denied_under_the_same_message_id_get_a_row_each() {
             .await
             .into_iter()
             .filter(|d| d.message_id == "shared-7")
-            .map(|d| d.recipient)
+            .map(|d| d.row.recipient)
             .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -105,7 +105,7 @@ fn exact_over_random_workloads(toml: &str, min_hit_one_in: u64) {
                             eprintln!(
                                 "{step} {op:?} {now} hit={} {:?}",
                                 cache.hits() > before,
-                                a.verdicts
+                                a.verdicts()
                                     .iter()
                                     .map(|v| (v.allowed, v.already, v.remaining, v.retry_after))
                                     .collect::<Vec<_>>()
@@ -114,9 +114,9 @@ fn exact_over_random_workloads(toml: &str, min_hit_one_in: u64) {
                         let b = plain.evaluate(&policy, &m, now, true).await.expect("plain");
                         let view = |e: &sendquota::internals::limiter::Evaluation| {
                             (
-                                e.committed,
-                                e.dispatched,
-                                e.verdicts
+                                e.committed(),
+                                e.dispatched(),
+                                e.verdicts()
                                     .iter()
                                     .map(|v| {
                                         (v.rule.clone(), v.allowed, v.remaining, v.retry_after)
@@ -125,7 +125,7 @@ fn exact_over_random_workloads(toml: &str, min_hit_one_in: u64) {
                             )
                         };
                         prop_assert_eq!(view(&a), view(&b), "step {} {:?} at {}", step, op, now);
-                        if b.committed && *dispatch {
+                        if b.committed() && *dispatch {
                             for sent in &marks {
                                 sent.mark(&m.recipient, &m.id, now).await.expect("mark");
                             }
@@ -214,7 +214,7 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
     for (id, day) in [("old", 0), ("s6", 10), ("s7", 11), ("s8", 12)] {
         let at = day1 + Duration::days(day);
         let e = cached.evaluate(&policy, &message(id), at, true).await;
-        assert!(e.expect("admitted").committed, "{id}");
+        assert!(e.expect("admitted").committed(), "{id}");
         marks.mark("alice", id, at).await.expect("mark");
     }
     let day13 = day1 + Duration::days(12);
@@ -232,7 +232,7 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
             .evaluate(&policy, &message(id), day13 + Duration::hours(hour), true)
             .await
             .expect("denied");
-        assert!(!e.committed && !e.dispatched, "{id}: {e:?}");
+        assert!(!e.committed() && !e.dispatched(), "{id}: {e:?}");
     }
     assert_eq!(cache.hits(), 1, "the second denial came from the cache");
     let at = day13 + Duration::hours(3);
@@ -240,7 +240,7 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
         .evaluate(&policy, &old, at, true)
         .await
         .expect("again");
-    assert!(again.dispatched, "a duplicate, not a denial: {again:?}");
+    assert!(again.dispatched(), "a duplicate, not a denial: {again:?}");
     assert_eq!(cache.hits(), 1);
     assert_eq!(
         plain

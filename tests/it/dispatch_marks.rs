@@ -5,7 +5,8 @@
 use crate::support;
 
 use chrono::Duration;
-use sendquota::internals::dedup::{recipient_sent_key, DispatchMarks, PRUNE_EVERY};
+use sendquota::internals::dedup::{DispatchMarks, PRUNE_EVERY};
+use sendquota::internals::keys::recipient_sent_key;
 use support::local;
 
 const TTL_S: u64 = 60;

@@ -17,7 +17,7 @@ use proptest::sample::Index;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestCaseResult;
 use sendquota::config::{ConfigError, Settings};
-use sendquota::internals::limiter::keys::{encode, rule_key, scope_tag};
+use sendquota::internals::keys::{encode, rule_key, scope_tag};
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::{
     format_character, name_fault, InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES,
@@ -1296,9 +1296,9 @@ async fn a_hundred_thousand_distinct_recipients_each_get_their_first_message_and
                 .evaluate(policy_ref, &request, now, true)
                 .await
                 .expect("redis answers");
-            let allowed = evaluation.committed
-                && evaluation.verdicts.len() == 1
-                && evaluation.verdicts[0].allowed;
+            let allowed = evaluation.committed()
+                && evaluation.verdicts().len() == 1
+                && evaluation.verdicts()[0].allowed;
             (request.recipient, allowed, format!("{evaluation:?}"))
         })
         .buffer_unordered(128)

@@ -195,19 +195,19 @@ async fn changing_a_rules_limits_keeps_its_counters() {
         .evaluate(&rule(3), &message("m1"), at, true)
         .await
         .expect("evaluate");
-    assert_eq!(first.verdicts[0].remaining, Some(2));
+    assert_eq!(first.verdicts()[0].remaining, Some(2));
     // The limit drops to 1: the send already counted fills the new window.
     let second = limiter
         .evaluate(&rule(1), &message("m2"), at, true)
         .await
         .expect("evaluate");
-    assert!(!second.verdicts[0].allowed);
+    assert!(!second.verdicts()[0].allowed);
     // And back up to 3: one counted, one more admitted, one left.
     let third = limiter
         .evaluate(&rule(3), &message("m3"), at, true)
         .await
         .expect("evaluate");
-    assert_eq!(third.verdicts[0].remaining, Some(1));
+    assert_eq!(third.verdicts()[0].remaining, Some(1));
 }
 
 /// A denial's retry_after is an instant at which the message would be admitted: denied at

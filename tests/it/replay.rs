@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker::{self, Names, Publisher};
-use sendquota::internals::denials::{DenialFilter, DenialStore, NewDenial};
+use sendquota::internals::denials::{DenialFilter, DenialRow, DenialStore};
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::replay::{replay, ReplayOptions};
 use support::{local, request, TestEnv};
@@ -22,15 +22,12 @@ async fn seed_denials(env: &TestEnv, n: usize) {
         let body = request(&format!("d{i}"), &format!("user-{i}"), "UTC").to_string();
         let message = SendRequest::decode(body.as_bytes(), 1 << 16).expect("valid");
         store
-            .insert(&NewDenial {
-                message: &message,
-                rule: "headline",
-                kind: "calendar_quota",
+            .insert(&DenialRow {
+                rule: "headline".to_owned(),
+                kind: "calendar_quota".to_owned(),
                 reason: "test".to_owned(),
-                shadow: false,
                 retry_after: Some(local("UTC", "2026-04-02 00:00")),
-                denied_at: local("UTC", "2026-04-01 12:00"),
-                replay_of: None,
+                ..DenialRow::for_message(&message, local("UTC", "2026-04-01 12:00"))
             })
             .await
             .expect("insert denial");

@@ -15,7 +15,7 @@ use sendquota::clock::ManualClock;
 use sendquota::config::{QueueType, WorkerSettings};
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::broker::{self, Publisher};
-use sendquota::internals::limiter::keys::{claims_key, scope_tag};
+use sendquota::internals::keys::{claims_key, scope_tag};
 use sendquota::internals::policy::ScopeValue;
 use support::http::http;
 use support::private::{free_port, PrivateRabbit};

@@ -14,7 +14,7 @@ use proptest::test_runner::TestCaseError;
 use redis::AsyncCommands;
 use sendquota::clock::ManualClock;
 use sendquota::internals::denials::{DenialFilter, DenialStore};
-use sendquota::internals::limiter::keys::{encode, rule_key, scope_tag};
+use sendquota::internals::keys::{encode, rule_key, scope_tag};
 use sendquota::internals::policy::ScopeValue;
 use support::http::http;
 use support::private::free_port;

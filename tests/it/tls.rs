@@ -322,7 +322,7 @@ async fn dispatch_and_deny_over_tls(mutual: bool, cluster: bool) {
             .await
             .expect("denials over TLS")
             .into_iter()
-            .map(|d| (d.message_id, d.rule))
+            .map(|d| (d.row.message_id, d.row.rule))
             .collect();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -339,7 +339,7 @@ async fn dispatch_and_deny_over_tls(mutual: bool, cluster: bool) {
         .await
         .expect("the TLS redis answers over TLS");
     if !cluster {
-        let channel = sendquota::internals::deny_cache::channel(&namespace);
+        let channel = sendquota::internals::keys::deny_cache_channel(&namespace);
         let subscribers: HashMap<String, i64> = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)

@@ -19,8 +19,8 @@ use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use sendquota::config::Settings;
 use sendquota::internals::decision::Verdict;
+use sendquota::internals::keys::{rule_key, scope_tag};
 use sendquota::internals::kinds::human_ms;
-use sendquota::internals::limiter::keys::{rule_key, scope_tag};
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::{Policy, ScopeValue};
 use support::model::LimiterHarness;
@@ -430,10 +430,10 @@ impl Store {
         let body = support::request(id, recipient, "UTC").to_string();
         let message = SendRequest::decode(body.as_bytes(), 1 << 16).expect("valid request");
         let eval = self.0.evaluate(policy, &message, at(now), commit);
-        assert_eq!(eval.verdicts.len(), 1, "one rule, one verdict");
-        let verdict = eval.verdicts.into_iter().next().expect("verdict");
+        assert_eq!(eval.verdicts().len(), 1, "one rule, one verdict");
+        let verdict = eval.verdicts()[0].clone();
         assert_eq!(
-            eval.committed,
+            eval.committed(),
             commit && verdict.allowed,
             "committed flag at {now} for {id}: {verdict:?}"
         );

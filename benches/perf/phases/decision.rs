@@ -183,7 +183,7 @@ async fn headline(bench: &Bench, report: &mut Report, messages: &[SendRequest]) 
         .await
         .expect("probe");
     assert!(
-        !seen.verdicts[0].allowed && seen.verdicts[0].remaining == Some(0),
+        !seen.verdicts()[0].allowed && seen.verdicts()[0].remaining == Some(0),
         "the bare loop's state is not what the limiter reads: {seen:?}"
     );
     let a1_rate = a1.rate();

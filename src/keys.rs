@@ -1,4 +1,5 @@
-//! Redis key names: namespace, scope hash tag, rule.
+//! Every Redis name sendquota uses, in one place: rule keys and their ids keys, dispatch marks,
+//! in-flight claims, and the deny cache's pub/sub channel.
 //!
 //! A key looks like `<ns>:{r:<recipient>}:<rule>:<kind>`. The part in braces is the Redis
 //! Cluster hash tag, so every key of one scope lands on one slot and a scope's rules can be
@@ -55,7 +56,7 @@ pub fn scope_tag(scope: &ScopeValue<'_>) -> String {
 }
 
 /// `parts` joined by `:`.
-pub(crate) fn join(parts: &[&str]) -> String {
+fn join(parts: &[&str]) -> String {
     let mut out = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
@@ -83,6 +84,25 @@ pub fn ids_key(rule_key: &str) -> String {
 /// quota.
 pub fn claims_key(namespace: &str, tag: &str) -> String {
     join(&[namespace, tag, "claims"])
+}
+
+/// The sorted set of a recipient's dispatched message ids (score: when the mark expires, in
+/// epoch ms; see [`crate::dedup`]). It carries the recipient's hash tag, so the decision script
+/// of the recipient scope can read it in the same call; with three segments after the
+/// namespace it cannot collide with a rule's key, which has four.
+pub fn sent_key(namespace: &str, tag: &str) -> String {
+    join(&[namespace, tag, "sent"])
+}
+
+/// [`sent_key`] of `recipient`, for callers that do not hold the recipient's tag already.
+pub fn recipient_sent_key(namespace: &str, recipient: &str) -> String {
+    sent_key(namespace, &scope_tag(&ScopeValue::Recipient(recipient)))
+}
+
+/// The Redis pub/sub channel on which quota-freeing events of `namespace` are announced to
+/// every worker's deny cache (see [`crate::deny_cache`]).
+pub fn deny_cache_channel(namespace: &str) -> String {
+    join(&[namespace, "deny-cache"])
 }
 
 #[cfg(test)]
@@ -132,5 +152,10 @@ mod tests {
         let key = rule_key("ns", &tag, "rate", "gcra");
         assert_eq!(key, "ns:{c:sms}:rate:gcra");
         assert_eq!(ids_key(&key), "ns:{c:sms}:rate:gcra:ids");
+    }
+
+    #[test]
+    fn a_recipients_marks_share_its_hash_tag() {
+        assert_eq!(recipient_sent_key("ns", "r1"), "ns:{r:r1}:sent");
     }
 }
