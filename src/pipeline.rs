@@ -138,6 +138,7 @@ impl Pipeline {
         if failpoint::armed(self.failpoint, Failpoint::FailStuckIds)
             && message.id.starts_with("stuck-")
         {
+            place.leave();
             let injected = std::io::Error::other("failpoint fail-stuck-ids");
             return Err(HandleError::Redis(injected.into()));
         }
@@ -151,10 +152,13 @@ impl Pipeline {
         let evaluation = self
             .limiter
             .evaluate_claimed(&self.policy, message, now, claim)
-            .await?;
-        // Decided: the next message to the recipient may be. A failed decision keeps the turn,
-        // and the message is retried ahead of the ones behind it.
+            .await;
+        // Decided, or failed: the next message to the recipient may be decided now. A failed
+        // decision gives up its turn and is retried outside the line; keeping the turn would
+        // hold every later message to the recipient, and the slots they wait in, until it
+        // yields its slot (a minute by default).
         place.leave();
+        let evaluation = evaluation?;
         self.metrics
             .decision_seconds
             .record(started.elapsed().as_secs_f64());

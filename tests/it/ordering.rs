@@ -92,6 +92,26 @@ async fn a_slow_decision_holds_up_its_recipients_later_messages_and_no_one_elses
     );
 }
 
+/// A message whose decision keeps failing (here every attempt at a `stuck-` id fails as if its
+/// Redis shard were away) gives up its turn: the recipient's later messages are decided at
+/// once, not after it yields its slot (`yield_slot_after_ms`, 60 s by default), and a burst to
+/// one recipient cannot hold every slot of the worker behind one failing message.
+#[tokio::test]
+async fn a_failing_decision_does_not_hold_up_its_recipients_later_messages() {
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker_with(&clock, Some(Failpoint::FailStuckIds));
+    env.publish(&request("stuck-1", "alice", "UTC")).await;
+    env.publish(&request("alice-2", "alice", "UTC")).await;
+    let mut seen = HashMap::new();
+    env.dispatched("alice-2", &mut seen).await;
+    assert!(
+        !seen.contains_key("stuck-1"),
+        "the failing message is still being retried"
+    );
+    env.stop_worker().await;
+}
+
 /// While no sender's queue is bound for a channel, the worker's log says so once, with the
 /// remedy, however many messages wait and however often they are retried; once a queue is
 /// bound they are dispatched.
