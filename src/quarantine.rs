@@ -90,9 +90,10 @@ pub async fn list(
 }
 
 /// Publishes up to `limit` quarantined messages back to the requests exchange, each recorded
-/// in `quarantine_replays` and then acked off the quarantine queue; returns how many. Only the
-/// messages in the queue when it starts are taken, each once (see the module's comment); a
-/// message met a second time is left in the queue.
+/// in `quarantine_replays` and then acked off the quarantine queue; returns how many. Only as
+/// many messages as the queue held when it started are taken: the queue is first in, first
+/// out and quarantined-again replays join its tail, so those are the messages it held, each
+/// taken once (two copies of one message, a producer's retry, are two messages).
 pub async fn replay(
     channel: &Channel,
     publisher: &Publisher,
@@ -101,17 +102,11 @@ pub async fn replay(
     limit: usize,
 ) -> Result<usize, QuarantineError> {
     let held = broker::ready_count(channel, &names.quarantine).await? as usize;
-    let mut taken = std::collections::HashSet::new();
     let mut replayed = 0;
     while replayed < limit.min(held) {
         let Some((tag, quarantined, properties)) = next(channel, names).await? else {
             break;
         };
-        // Unacked, it returns to the queue when the caller closes the channel.
-        let first_time = taken.insert((quarantined.message_id.clone(), quarantined.body.clone()));
-        if !first_time {
-            break;
-        }
         let headers: Vec<_> = broker::replay_header(&properties).into_iter().collect();
         let props = broker::json_properties(quarantined.message_id.as_deref(), &headers);
         publisher
