@@ -51,7 +51,7 @@ impl RelayShape {
     /// alternating runs (docs/performance.md).
     pub const CEILING: RelayShape = RelayShape {
         threads: 1,
-        two_connections: true,
+        two_connections: false,
         acks: Acks::Coalesced,
     };
 
