@@ -86,6 +86,40 @@ pub async fn consume_requests(channel: &lapin::Channel, names: &Names) -> lapin:
         .expect("consume")
 }
 
+/// Takes `n` deliveries from `consumer` and runs `each(delivery)` for each as a task of its own,
+/// as the worker does; returns once all `n` have finished, with progress under `label`. The
+/// shared loop of the relay of (a2) and the floor of (d), which differ only in `each`.
+pub async fn spawn_each<F>(
+    consumer: &mut lapin::Consumer,
+    n: usize,
+    label: &str,
+    mut each: impl FnMut(lapin::message::Delivery) -> F,
+) where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut progress = Progress::new(label, n);
+    let (mut taken, mut done) = (0usize, 0usize);
+    while done < n {
+        tokio::select! {
+            biased;
+            Some(()) = done_rx.recv() => {
+                done += 1;
+                progress.add(1);
+            }
+            d = consumer.next(), if taken < n => {
+                let delivery = d.expect("consumer ended").expect("delivery");
+                taken += 1;
+                let (task, done_tx) = (each(delivery), done_tx.clone());
+                tokio::spawn(async move {
+                    task.await;
+                    let _ = done_tx.send(());
+                });
+            }
+        }
+    }
+}
+
 /// A consuming and a publishing connection to the test broker, as the worker opens them.
 pub async fn connection_pair(role: &str) -> (lapin::Connection, lapin::Connection) {
     let settings = sendquota::config::AmqpSettings {

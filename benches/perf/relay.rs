@@ -13,14 +13,12 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation};
 use sendquota::internals::broker::Names;
 use tokio::sync::mpsc;
 
-use crate::progress::Progress;
-use crate::queues::{connection_pair, consume_requests, prefetching_channel};
+use crate::queues::{connection_pair, consume_requests, prefetching_channel, spawn_each};
 
 /// Prefetch of every relay shape. The worker of (c) runs at its own settings.
 pub const RELAY_PREFETCH: u16 = 1000;
@@ -106,7 +104,6 @@ pub async fn relay(shape: RelayShape, names: Names, n: usize) -> Duration {
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm mode");
-    let mut progress = Progress::new("a2 relay", n);
     let began = Instant::now();
     let mut consumer = consume_requests(&consume, &names).await;
     let (confirmed, acker) = match shape.acks {
@@ -119,55 +116,47 @@ pub async fn relay(shape: RelayShape, names: Names, n: usize) -> Duration {
             )
         }
     };
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
     let props = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
-    let mut taken = 0usize;
-    let mut done = 0usize;
-    while done < n {
-        tokio::select! {
-            biased;
-            Some(()) = done_rx.recv() => {
-                done += 1;
-                progress.add(1);
-            }
-            d = consumer.next(), if taken < n => {
-                let delivery = d.expect("consumer ended").expect("delivery");
-                taken += 1;
-                let (publish, consume) = (publish.clone(), consume.clone());
-                let (exchange, props) = (names.dispatch.clone(), props.clone());
-                let (confirmed, done_tx) = (confirmed.clone(), done_tx.clone());
-                tokio::spawn(async move {
-                    let options = BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    };
-                    let confirm = publish
-                        .basic_publish(exchange.as_str().into(), "sms".into(), options, &delivery.data, props)
-                        .await
-                        .expect("publish")
-                        .await
-                        .expect("confirm");
-                    assert_eq!(
-                        confirm,
-                        Confirmation::Ack(None),
-                        "relay publish not confirmed and routed"
-                    );
-                    match confirmed {
-                        Some(tx) => {
-                            let _ = tx.send(delivery.delivery_tag);
-                        }
-                        None => consume
-                            .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
-                            .await
-                            .expect("ack"),
-                    }
-                    let _ = done_tx.send(());
-                });
+    spawn_each(&mut consumer, n, "a2 relay", |delivery| {
+        let (publish, consume) = (publish.clone(), consume.clone());
+        let (exchange, props) = (names.dispatch.clone(), props.clone());
+        let confirmed = confirmed.clone();
+        async move {
+            let options = BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            };
+            let confirm = publish
+                .basic_publish(
+                    exchange.as_str().into(),
+                    "sms".into(),
+                    options,
+                    &delivery.data,
+                    props,
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("confirm");
+            assert_eq!(
+                confirm,
+                Confirmation::Ack(None),
+                "relay publish not confirmed and routed"
+            );
+            match confirmed {
+                Some(tx) => {
+                    let _ = tx.send(delivery.delivery_tag);
+                }
+                None => consume
+                    .basic_ack(delivery.delivery_tag, BasicAckOptions::default())
+                    .await
+                    .expect("ack"),
             }
         }
-    }
+    })
+    .await;
     let elapsed = began.elapsed();
     drop(confirmed);
     if let Some(acker) = acker {

@@ -6,16 +6,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use sendquota::internals::acks::Settler;
 use sendquota::internals::broker::{Names, Publisher};
 use tokio::sync::Semaphore;
 
 use crate::procs::{Procs, Tally};
-use crate::progress::Progress;
 use crate::queues::{
     broker_phase, connection_pair, consume_requests, empty_broker_queues, prefetching_channel,
-    worker_threads,
+    spawn_each, worker_threads,
 };
 use crate::support::TestEnv;
 use crate::worker::WorkerChoice;
@@ -36,39 +34,26 @@ async fn broker_floor(names: Names, n: usize, (prefetch, concurrency): (u16, usi
     let consume = prefetching_channel(&conn, prefetch).await;
     let (settler, settling) = Settler::spawn(consume.clone());
     let slots = Arc::new(Semaphore::new(concurrency));
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut progress = Progress::new("d floor: broker work alone", n);
     let began = Instant::now();
     let mut consumer = consume_requests(&consume, &names).await;
-    let mut done = 0usize;
-    while done < n {
-        tokio::select! {
-            biased;
-            Some(()) = done_rx.recv() => {
-                done += 1;
-                progress.add(1);
+    spawn_each(&mut consumer, n, "d floor: broker work alone", |delivery| {
+        // A slot per delivery in flight, as the worker takes one (prefetch and concurrency are
+        // the worker's).
+        let (slots, publisher, settler) = (slots.clone(), publisher.clone(), settler.clone());
+        let exchange = names.dispatch.clone();
+        async move {
+            let _slot = slots.acquire_owned().await.expect("semaphore open");
+            if delivery.delivery_tag % 2 == 1 {
+                let props = sendquota::internals::broker::json_properties(None, &[]);
+                publisher
+                    .publish(&exchange, "sms", &delivery.data, props)
+                    .await
+                    .expect("floor publish confirmed and routed");
             }
-            d = consumer.next() => {
-                let delivery = d.expect("consumer ended").expect("delivery");
-                let slot = slots.clone().acquire_owned().await.expect("semaphore open");
-                let (publisher, settler, done_tx) =
-                    (publisher.clone(), settler.clone(), done_tx.clone());
-                let exchange = names.dispatch.clone();
-                tokio::spawn(async move {
-                    if delivery.delivery_tag % 2 == 1 {
-                        let props = sendquota::internals::broker::json_properties(None, &[]);
-                        publisher
-                            .publish(&exchange, "sms", &delivery.data, props)
-                            .await
-                            .expect("floor publish confirmed and routed");
-                    }
-                    settler.ack(delivery.delivery_tag);
-                    drop(slot);
-                    let _ = done_tx.send(());
-                });
-            }
+            settler.ack(delivery.delivery_tag);
         }
-    }
+    })
+    .await;
     settler.finish();
     settling.await.expect("settler");
     let elapsed = began.elapsed();
