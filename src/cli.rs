@@ -90,6 +90,9 @@ pub enum Command {
         #[arg(long)]
         channel: Option<String>,
     },
+    /// Print the JSON Schema of a send request: the producer's contract, with every field's
+    /// limits (docs/producers.md shows producers validating against it).
+    Schema,
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
@@ -349,6 +352,11 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
         Command::Prune { older_than } => prune(&settings, &older_than).await,
         Command::Quarantine { action } => quarantine(&settings, action).await,
         Command::Tail { channel } => tail(&settings, channel.as_deref().unwrap_or("#")).await,
+        Command::Schema => {
+            let schema = crate::schema::request_schema(settings.worker.max_body_bytes);
+            println!("{schema:#}");
+            Ok(())
+        }
         Command::Config {
             action: ConfigAction::Check,
         } => {

@@ -24,8 +24,9 @@
 //! environment), `clock` (injectable time), `store` (the Redis connection, single or cluster),
 //! `tls` (certificate files and the process's one rustls crypto provider), `admin` (the admin
 //! HTTP API), `replay` and `quarantine` (the operators' commands on denied and quarantined
-//! messages), `tail` (printing what is dispatched), `telemetry` (logs and metrics), `failpoint`
-//! (crash-test faults, cargo feature `failpoints`), `cli` (the `sendquota` command).
+//! messages), `tail` (printing what is dispatched), `schema` (the request's JSON Schema for
+//! producers), `telemetry` (logs and metrics), `failpoint` (crash-test faults, cargo feature
+//! `failpoints`), `cli` (the `sendquota` command).
 //!
 //! The library's API is the command (`cli`), its settings (`config`), and running the worker
 //! in a process of one's own (`startup`, with a `clock` and a `failpoint`). Everything else is
@@ -54,6 +55,7 @@ mod pipeline;
 mod policy;
 mod quarantine;
 mod replay;
+mod schema;
 mod sequence;
 mod store;
 mod tail;

@@ -209,6 +209,12 @@ const FORMAT_RANGES: [(u32, u32); 21] = [
     (0xE0020, 0xE007F),
 ];
 
+/// The ranges of code points refused as format characters or separators (see
+/// [`FORMAT_RANGES`]), inclusive: the schema producers validate against states them too.
+pub fn format_ranges() -> impl Iterator<Item = (u32, u32)> {
+    FORMAT_RANGES.into_iter()
+}
+
 /// Whether `c` is refused as a format character or separator (see [`FORMAT_RANGES`]).
 pub fn format_character(c: char) -> bool {
     let c = u32::from(c);

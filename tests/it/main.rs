@@ -24,6 +24,7 @@ mod invalid_messages;
 mod observability;
 mod ordering;
 mod policy_outcomes;
+mod producers;
 mod replay;
 mod resilience;
 mod retries;
