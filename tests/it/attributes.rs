@@ -94,7 +94,7 @@ async fn bad_attributes_go_to_the_invalid_queue_with_a_reason_naming_the_key() {
         ),
         (
             r#"{"camp aign":"x"}"#.into(),
-            format!(r#"key "camp aign" holds ` ` (U+0020): {grammar}"#),
+            format!(r#"key "camp aign" holds U+0020: {grammar}"#),
         ),
         (
             r#"{"":"x"}"#.into(),
