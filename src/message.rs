@@ -324,6 +324,9 @@ struct Wire<'a> {
     cost: Option<&'a RawValue>,
     #[serde(default)]
     payload: Option<Box<RawValue>>,
+    // Defaulted as `payload` is, so that an array of the first fields still gets past serde
+    // (which would take the fields in order from it) to the object check's clearer reason.
+    #[serde(default)]
     attributes: Option<&'a RawValue>,
 }
 
