@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
+use crate::attributes::Attributes;
 use crate::clock::{in_range, parse_instant_or_age, Clock};
 use crate::config::AdminToken;
 use crate::decision;
@@ -349,9 +350,13 @@ async fn check(
         .evaluate(&state.policy, &message, at, false)
         .await
     {
-        Ok(evaluation) => Json(decision::report(
-            evaluation.verdicts(),
-            &evaluation.outcome(&state.policy, &message),
+        Ok(evaluation) => Json(decision::explain_unmatched(
+            decision::report(
+                evaluation.verdicts(),
+                &evaluation.outcome(&state.policy, &message),
+            ),
+            &state.policy,
+            &message,
         ))
         .into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
@@ -365,6 +370,8 @@ struct PeekQuery {
     timezone: Option<String>,
     channel: Option<String>,
     category: Option<String>,
+    /// The request's `attributes` as JSON text: rules counting per them are shown.
+    attributes: Option<String>,
     at: Option<DateTime<Utc>>,
 }
 
@@ -385,12 +392,17 @@ async fn peek_quota(
         Ok(at) => at,
         Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
     };
+    let attributes = match q.attributes.as_deref().map(Attributes::decode).transpose() {
+        Ok(a) => a.unwrap_or_default(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
     let peek = state.limiter.peek(
         &state.policy,
         &recipient,
         zone,
         q.channel.as_deref(),
         q.category.as_deref(),
+        &attributes,
         at,
     );
     match peek.await {

@@ -433,6 +433,7 @@ async fn check(
             &evaluation.outcome(&settings.policy, &request),
         )
     };
+    let out = decision::explain_unmatched(out, &settings.policy, &request);
     println!("{out}");
     Ok(())
 }

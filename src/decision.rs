@@ -4,8 +4,9 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::message::SendRequest;
 use crate::outcome::{Outcome, OutcomeName};
-use crate::policy::OnDeny;
+use crate::policy::{OnDeny, Policy};
 
 /// One rule's verdict on one message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -78,6 +79,26 @@ pub fn report(verdicts: &[Verdict], outcome: &Outcome) -> serde_json::Value {
         "retry_after": outcome.retry_after().map(rfc3339),
         "rules": rules_report(verdicts),
     })
+}
+
+/// `report` (of [`report`] or [`duplicate_report`]) with, when there are some, the rules that
+/// do not apply to `message` only because it lacks attributes they count per (`not_matched`:
+/// each rule with its `missing_attributes`), so that `check` says why a cap was not met.
+pub fn explain_unmatched(
+    mut report: serde_json::Value,
+    policy: &Policy,
+    message: &SendRequest,
+) -> serde_json::Value {
+    let unmatched = policy.unmatched_for_attributes(message);
+    if !unmatched.is_empty() {
+        report["not_matched"] = unmatched
+            .into_iter()
+            .map(|(rule, missing)| {
+                serde_json::json!({"rule": rule.name, "missing_attributes": missing})
+            })
+            .collect();
+    }
+    report
 }
 
 /// Each rule's verdict as [`report`] lists it: also what the quota route shows.

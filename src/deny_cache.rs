@@ -7,7 +7,9 @@
 //! recipient refused only because today is full is not frozen: a message in a zone whose day
 //! has already turned is admitted, so such refusals are not cached.) It is exact:
 //! - only policies whose matching rules are all recipient-scope `calendar_quota` rules with
-//!   `on_deny = drop` are cached (one scope, so no cross-scope refunds; no shadow or delay);
+//!   `on_deny = drop` are cached (one scope, so no cross-scope refunds; no shadow or delay),
+//!   none counting per attributes (an entry is per recipient: a denial for one campaign would
+//!   answer for another);
 //! - an id that was already admitted is never answered from the cache (Redis would admit it
 //!   again without consuming);
 //! - an answer is reused only for a message that matches the same rules (with match filters,
@@ -107,6 +109,7 @@ impl DenyCache {
             && rules.iter().all(|r| {
                 matches!(r.kind, Kind::CalendarQuota(_))
                     && r.scope == Scope::Recipient
+                    && r.per_attributes.is_empty()
                     && r.on_deny == OnDeny::Drop
             })
     }

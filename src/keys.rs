@@ -6,6 +6,15 @@
 //! checked in one script call. Ids from messages are percent-encoded so that no byte of theirs
 //! can close the hash tag early, open a second one, or add a `:` segment: two different
 //! recipients always get different keys, and a recipient's keys always share its tag.
+//!
+//! A rule counting per attributes (`per_attributes`) keeps one state per tuple of values:
+//! with the recipient scope its key is the recipient's key with one more segment, the tuple
+//! (`<ns>:{r:<recipient>}:<rule>:<kind>:campaign=<value>`), so it is decided in the
+//! recipient's script call; with the global scope the tuple is its hash tag
+//! (`<ns>:{a:campaign=<value>}:<rule>:<kind>`), so the states of different values spread over
+//! the cluster. The tuple is `key=value` pairs joined by `,` in the rule's order; keys are
+//! names (no `=`, `,`, `:` or braces) and values are percent-encoded, so two different tuples
+//! never give one segment.
 
 use std::fmt::Write;
 
@@ -53,6 +62,48 @@ pub fn scope_tag(scope: &ScopeValue<'_>) -> String {
     encode_into(&mut tag, id);
     tag.push('}');
     tag
+}
+
+/// The tuple segment of a rule counting per attributes: `key=value` pairs (values encoded)
+/// joined by `,`, appended to `out`.
+fn attribute_segment_into<'a>(
+    out: &mut String,
+    values: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
+    for (i, (key, value)) in values.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        // A key is a name (message::NAME_GRAMMAR): plain already, encoding leaves it as it is.
+        encode_into(out, key);
+        out.push('=');
+        encode_into(out, value);
+    }
+}
+
+/// The hash tag of a global rule counting per attributes: its tuple of values (see the
+/// module's comment), so each tuple's state has a slot of its own.
+pub fn attributes_tag<'a>(values: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut tag = String::from("{a:");
+    attribute_segment_into(&mut tag, values);
+    tag.push('}');
+    tag
+}
+
+/// The key of a rule counting per attributes inside another scope's tag (the recipient's):
+/// [`rule_key`] with the tuple of values as one more segment. The segment always holds a `=`,
+/// so it is never taken for the `ids` of a rule's key of the same name counting without.
+pub fn rule_key_per<'a>(
+    namespace: &str,
+    tag: &str,
+    rule: &str,
+    kind: &str,
+    values: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
+    let mut key = rule_key(namespace, tag, rule, kind);
+    key.push(':');
+    attribute_segment_into(&mut key, values);
+    key
 }
 
 /// `parts` joined by `:`.
@@ -152,6 +203,74 @@ mod tests {
         let key = rule_key("ns", &tag, "rate", "gcra");
         assert_eq!(key, "ns:{c:sms}:rate:gcra");
         assert_eq!(ids_key(&key), "ns:{c:sms}:rate:gcra:ids");
+    }
+
+    /// Every string a producer could send as an attribute value that could confuse a key:
+    /// separators of the segment and of the key, braces, escapes, look-alikes of other tuples.
+    const TRICKY: [&str; 14] = [
+        "a",
+        "a,b=c",
+        "a=b",
+        "b",
+        "a%2Cb%3Dc",
+        "a:b",
+        "{a}",
+        "}",
+        "{",
+        "a b",
+        "%",
+        "%25",
+        ",",
+        "=",
+    ];
+
+    #[test]
+    fn attribute_tuples_never_share_a_key_or_a_tag() {
+        let mut keys = std::collections::HashSet::new();
+        let mut tags = std::collections::HashSet::new();
+        let tag = scope_tag(&ScopeValue::Recipient("r"));
+        let mut tuples = 0;
+        for one in TRICKY {
+            for two in TRICKY {
+                let tuple = [("campaign", one), ("step", two)];
+                tuples += 1;
+                let key = rule_key_per("ns", &tag, "cap", "fixed_window", tuple);
+                assert_eq!(cluster_tag(&key), "r:r", "{key} keeps the recipient's slot");
+                assert_eq!(key.matches(':').count(), 5, "{key}: one segment more");
+                assert!(keys.insert(key.clone()), "{key} twice");
+                assert!(keys.insert(ids_key(&key)), "{key}:ids twice");
+                let global = attributes_tag(tuple);
+                assert_eq!(global.matches('{').count(), 1, "{global}");
+                assert_eq!(global.matches('}').count(), 1, "{global}");
+                assert_eq!(global.matches(':').count(), 1, "{global}");
+                assert!(tags.insert(global.clone()), "{global} twice");
+                let key = rule_key("ns", &global, "cap", "fixed_window");
+                assert_eq!(cluster_tag(&key), &global[1..global.len() - 1]);
+            }
+            // A tuple of one value never meets a tuple of two.
+            let single = [("campaign", one)];
+            assert!(keys.insert(rule_key_per("ns", &tag, "cap", "fixed_window", single)));
+            assert!(tags.insert(attributes_tag(single)));
+        }
+        assert_eq!(tags.len(), tuples + TRICKY.len());
+        // Nor the rule's key and ids without attributes, nor another key of the recipient.
+        let plain = rule_key("ns", &tag, "cap", "fixed_window");
+        for other in [
+            plain.clone(),
+            ids_key(&plain),
+            sent_key("ns", &tag),
+            claims_key("ns", &tag),
+        ] {
+            assert!(!keys.contains(&other), "{other}");
+        }
+        assert_eq!(
+            rule_key_per("ns", &tag, "cap", "fixed_window", [("campaign", "a,b=c")]),
+            "ns:{r:r}:cap:fixed_window:campaign=a%2Cb%3Dc"
+        );
+        assert_eq!(
+            attributes_tag([("campaign", "spring"), ("step", "{x}")]),
+            "{a:campaign=spring,step=%7Bx%7D}"
+        );
     }
 
     #[test]

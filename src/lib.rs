@@ -8,7 +8,7 @@
 //! worker      a broker session's deliveries, slots, retries (broker: lapin connections,
 //!             topology, confirmed publishes; acks: coalesced acks; sequence: a recipient's
 //!             messages decided in delivery order)
-//!   -> message    decode and validate the request
+//!   -> message    decode and validate the request (attributes: its flat string map)
 //!   -> policy     which rules apply (kinds: each limiter kind, beside lua/kinds/<kind>.lua)
 //!   -> limiter    one Lua script call per scope, all-or-nothing, refunds across scopes
 //!                 (keys: every Redis name; claim: one delivery of an id at a time;
@@ -40,6 +40,7 @@ pub mod startup;
 
 mod acks;
 mod admin;
+mod attributes;
 mod broker;
 mod claim;
 mod decision;
@@ -75,6 +76,10 @@ pub mod internals {
     /// The crate's `admin` module.
     pub mod admin {
         pub use crate::admin::*;
+    }
+    /// The crate's `attributes` module.
+    pub mod attributes {
+        pub use crate::attributes::*;
     }
     /// The crate's `broker` module.
     pub mod broker {

@@ -11,6 +11,8 @@ use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::attributes::{AttributeError, Attributes};
+
 /// Largest body the worker accepts by default; larger ones are invalid (a producer bug, or an
 /// attempt to make the worker buffer arbitrary amounts of memory).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
@@ -133,6 +135,9 @@ pub enum InvalidMessage {
     /// The cost is not a whole number from 1 to [`MAX_COST`]; holds the JSON as written.
     #[error("field `cost` must be a whole number from 1 to {MAX_COST}, got {0}")]
     BadCost(String),
+    /// The attributes break a limit of [`crate::attributes`]; names the key at fault.
+    #[error("field `attributes`: {0}")]
+    Attribute(AttributeError),
 }
 
 /// What a channel or category name is, as reasons and docs state it.
@@ -246,6 +251,9 @@ pub struct SendRequest {
     pub cost: u32,
     /// Opaque content passed on to the senders; `None` when absent or `null`.
     pub payload: Option<Payload>,
+    /// What the producer says the message belongs to (campaign, workflow...): rules can count
+    /// per attribute value (`per_attributes`); empty when absent.
+    pub attributes: Attributes,
 }
 
 /// A request's payload, kept as the JSON text the producer wrote. Dispatch publishes the
@@ -299,6 +307,8 @@ struct Stored<'a> {
     cost: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attributes: Option<&'a Attributes>,
 }
 
 /// The wire shape: each field's JSON text, borrowed from the body, read by [`SendRequest::decode`]
@@ -320,6 +330,10 @@ struct Wire<'a> {
     cost: Option<&'a RawValue>,
     #[serde(default)]
     payload: Option<Box<RawValue>>,
+    // Defaulted as `payload` is, so that an array of the first fields still gets past serde
+    // (which would take the fields in order from it) to the object check's clearer reason.
+    #[serde(default)]
+    attributes: Option<&'a RawValue>,
 }
 
 impl SendRequest {
@@ -369,6 +383,10 @@ impl SendRequest {
                 return Err(fault);
             }
         }
+        let attributes = match wire.attributes {
+            Some(raw) => Attributes::decode(raw.get())?,
+            None => Attributes::default(),
+        };
         Ok(SendRequest {
             id,
             recipient,
@@ -377,6 +395,7 @@ impl SendRequest {
             timezone,
             cost,
             payload: wire.payload.map(Payload),
+            attributes,
         })
     }
 
@@ -404,6 +423,7 @@ impl SendRequest {
             timezone: self.timezone.map(|tz| tz.name()),
             cost: Some(self.cost).filter(|c| *c != 1),
             payload: self.payload.as_ref().map(|p| p.0.as_ref()),
+            attributes: Some(&self.attributes).filter(|a| !a.is_empty()),
         }
     }
 
@@ -491,7 +511,7 @@ fn text(field: &'static str, raw: Option<&RawValue>) -> Result<Option<String>, I
 }
 
 /// The JSON type of a value's text (known to be JSON), for reasons.
-fn json_type(json: &str) -> &'static str {
+pub(crate) fn json_type(json: &str) -> &'static str {
     match json.as_bytes().first() {
         Some(b'"') => "a string",
         Some(b'{') => "an object",
@@ -525,7 +545,7 @@ fn short_string(field: &'static str, value: String) -> Result<String, InvalidMes
 const ECHO_CHARS: usize = 40;
 
 /// `text` as a reason repeats it: one line, cut after [`ECHO_CHARS`] characters.
-fn echo(text: &str) -> String {
+pub(crate) fn echo(text: &str) -> String {
     let mut out = one_line(&text.chars().take(ECHO_CHARS).collect::<String>());
     if text.chars().nth(ECHO_CHARS).is_some() {
         out.push_str("...");
@@ -536,7 +556,11 @@ fn echo(text: &str) -> String {
 /// The reason for a body (or a field's `json`) serde_json refused. Its messages are kept where
 /// they say what is wrong; a lone surrogate, of which serde_json says "unexpected end of hex
 /// escape", is named here.
-fn malformed(field: Option<&'static str>, json: &[u8], e: &serde_json::Error) -> InvalidMessage {
+pub(crate) fn malformed(
+    field: Option<&'static str>,
+    json: &[u8],
+    e: &serde_json::Error,
+) -> InvalidMessage {
     let message = e.to_string();
     if message.starts_with("unexpected end of hex escape")
         || message.starts_with("lone leading surrogate in hex escape")
@@ -1088,6 +1112,46 @@ mod tests {
             Some(payload)
         );
         assert_eq!(Payload::from_value(&serde_json::Value::Null), None);
+    }
+
+    #[test]
+    fn attributes_decode_sorted_are_stored_and_decode_back_equal() {
+        for (attributes, stored) in [
+            (r#"{}"#, None),
+            (r#"null"#, None),
+            (
+                r#"{"step":"2","campaign":"spring sale \u00e9"}"#,
+                Some(serde_json::json!({"campaign": "spring sale \u{e9}", "step": "2"})),
+            ),
+            (
+                r#"{"a.b-c_d":"{x}:%y,z=w"}"#,
+                Some(serde_json::json!({"a.b-c_d": "{x}:%y,z=w"})),
+            ),
+        ] {
+            let body = format!(
+                r#"{{"id":"m","recipient":"u","channel":"sms","attributes":{attributes}}}"#
+            );
+            let m = decode(&body).unwrap_or_else(|e| panic!("{body}: {e}"));
+            assert_eq!(m.to_json().get("attributes").cloned(), stored, "{body}");
+            assert_eq!(decode(&m.to_json_text()), Ok(m.clone()), "{body}");
+            assert!(m.to_json_text().len() <= body.len(), "{body}");
+        }
+        let m =
+            decode(r#"{"id":"m","recipient":"u","channel":"sms","attributes":{"b":"2","a":"1"}}"#)
+                .expect("valid");
+        assert_eq!(m.attributes.get("a"), Some("1"));
+        assert_eq!(m.attributes.get("b"), Some("2"));
+        assert_eq!(
+            m.attributes,
+            Attributes::from_pairs([("a", "1"), ("b", "2")]).expect("valid")
+        );
+        assert_eq!(
+            decode(r#"{"id":"m","recipient":"u","channel":"sms","attributes":{"a":1}}"#)
+                .map_err(|e| e.to_string()),
+            Err(
+                r#"field `attributes`: value of key "a" must be a string, got a number"#.to_owned()
+            )
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
+use crate::attributes::Attributes;
 use crate::claim::Claim;
 use crate::decision::{self, Verdict};
 use crate::dedup;
@@ -514,7 +515,9 @@ impl Limiter {
     }
 
     /// Every recipient-scope rule's usage for `recipient` at `now`, consuming nothing: what a
-    /// new message (of `channel` and `category`, when given, else any) would meet.
+    /// new message (of `channel` and `category`, when given, else any; with `attributes`)
+    /// would meet. Rules counting per attributes not given are left out.
+    #[allow(clippy::too_many_arguments)]
     pub async fn peek(
         &self,
         policy: &Policy,
@@ -522,6 +525,7 @@ impl Limiter {
         zone: Option<Tz>,
         channel: Option<&str>,
         category: Option<&str>,
+        attributes: &Attributes,
         now: DateTime<Utc>,
     ) -> Result<Vec<Verdict>, LimiterError> {
         let probe = SendRequest {
@@ -533,11 +537,12 @@ impl Limiter {
             timezone: zone,
             cost: 1,
             payload: None,
+            attributes: attributes.clone(),
         };
         // The probe's channel and category may be "*": the peeked rules match it whatever
         // their filters, having been chosen by them already.
         let rules = policy
-            .rules_that_may_match(Scope::Recipient, channel, category)
+            .rules_that_may_match(Scope::Recipient, channel, category, attributes)
             .into_iter()
             .map(|r| Rule {
                 matcher: Default::default(),
@@ -554,14 +559,20 @@ impl Limiter {
             .into_verdicts())
     }
 
-    /// The rules a reset of one recipient clears: every recipient-scope rule.
+    /// The rules a reset of one recipient clears: every recipient-scope rule but those
+    /// counting per attributes, whose keys (one per tuple of values) cannot be named without
+    /// the values, nor found by a scan that would cost each reset a walk of the keyspace.
     pub fn reset_rules(policy: &Policy) -> Vec<String> {
+        Limiter::reset_scope(policy)
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    fn reset_scope(policy: &Policy) -> impl Iterator<Item = &Rule> {
         policy
             .rules
             .iter()
-            .filter(|r| r.scope == Scope::Recipient)
-            .map(|r| r.name.clone())
-            .collect()
+            .filter(|r| r.scope == Scope::Recipient && r.per_attributes.is_empty())
     }
 
     /// Deletes `recipient`'s state for every rule of [`Limiter::reset_rules`] (both keys of
@@ -571,7 +582,7 @@ impl Limiter {
         let tag = keys::scope_tag(&crate::policy::ScopeValue::Recipient(recipient));
         let mut cmd = redis::cmd("DEL");
         let mut any = false;
-        for rule in policy.rules.iter().filter(|r| r.scope == Scope::Recipient) {
+        for rule in Limiter::reset_scope(policy) {
             let key = keys::rule_key(&self.namespace, &tag, &rule.name, rule.kind.name());
             cmd.arg(keys::ids_key(&key)).arg(key);
             any = true;
@@ -596,27 +607,38 @@ impl Limiter {
         marks: bool,
         claims: bool,
     ) -> Vec<ScopeCall<'r>> {
-        // A message has rules of one or two scopes: searching a vector that short costs less
-        // than building a map, which allocates a node for every message.
-        let mut by_scope: Vec<(Scope, Vec<(usize, &'r Rule)>)> = Vec::with_capacity(2);
+        // A message has rules of one or two hash tags: searching a vector that short costs
+        // less than building a map, which allocates a node for every message.
+        let mut by_tag: Vec<(TagGroup<'r>, Vec<(usize, &'r Rule)>)> = Vec::with_capacity(2);
         for (index, rule) in rules.iter().enumerate() {
-            match by_scope.iter_mut().find(|(scope, _)| *scope == rule.scope) {
-                Some((_, group)) => group.push((index, rule)),
-                None => by_scope.push((rule.scope, vec![(index, rule)])),
+            let group = TagGroup::of(rule);
+            match by_tag.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, rules)) => rules.push((index, rule)),
+                None => by_tag.push((group, vec![(index, rule)])),
             }
         }
-        by_scope.sort_unstable_by_key(|(scope, _)| *scope);
-        by_scope
+        by_tag.sort_unstable_by_key(|(group, _)| *group);
+        by_tag
             .into_iter()
-            .map(|(scope, rules)| {
-                let tag = keys::scope_tag(&scope.of(message));
+            .map(|(TagGroup(scope, per_attributes), rules)| {
+                let tag = match rules.first() {
+                    Some((_, rule)) if !per_attributes.is_empty() => {
+                        keys::attributes_tag(rule.attribute_values(message))
+                    }
+                    _ => keys::scope_tag(&scope.of(message)),
+                };
                 let mut rule_keys = Vec::with_capacity(2 * rules.len() + 1);
                 let mut rule_args = Vec::with_capacity(2 + 8 * rules.len());
                 rule_args.push(ScriptArg::Int(i64::from(message.cost)));
                 rule_args.push(ScriptArg::Int(rules.len() as i64));
                 for (_, rule) in &rules {
                     let name = rule.kind.name();
-                    let key = keys::rule_key(&self.namespace, &tag, &rule.name, name);
+                    let key = if rule.per_attributes.is_empty() || !per_attributes.is_empty() {
+                        keys::rule_key(&self.namespace, &tag, &rule.name, name)
+                    } else {
+                        let values = rule.attribute_values(message);
+                        keys::rule_key_per(&self.namespace, &tag, &rule.name, name, values)
+                    };
                     let ids = keys::ids_key(&key);
                     rule_keys.push(key);
                     rule_keys.push(ids);
@@ -645,6 +667,22 @@ impl Limiter {
                 }
             })
             .collect()
+    }
+}
+
+/// The rules decided in one script call: one hash tag for a message. The scope, and for a
+/// global rule counting per attributes its keys (its tag is their values, so global rules
+/// counting per the same keys share a call, and others have their own); empty otherwise, for
+/// a rule counting per attributes within the recipient's tag too. Ordered recipient first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct TagGroup<'r>(Scope, &'r [String]);
+
+impl<'r> TagGroup<'r> {
+    fn of(rule: &'r Rule) -> TagGroup<'r> {
+        match rule.scope {
+            Scope::Global => TagGroup(Scope::Global, &rule.per_attributes),
+            scope => TagGroup(scope, &[]),
+        }
     }
 }
 

@@ -9,6 +9,7 @@ mod parse;
 use chrono_tz::Tz;
 use serde::Serialize;
 
+use crate::attributes::Attributes;
 use crate::kinds::{CalendarQuota, Kind};
 use crate::message::SendRequest;
 
@@ -38,6 +39,12 @@ pub struct Rule {
     pub matcher: Match,
     /// Whose state the rule counts in.
     pub scope: Scope,
+    /// Attribute keys the state is also kept per, with the scope: `["campaign"]` with scope
+    /// `recipient` counts each campaign to each recipient apart, with scope `global` each
+    /// campaign apart. A message lacking one of them is not matched by the rule. Empty for a
+    /// rule that counts by its scope alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_attributes: Vec<String>,
     /// What a refusal by this rule does to the message.
     pub on_deny: OnDeny,
 }
@@ -100,6 +107,7 @@ impl Policy {
                 kind: Kind::CalendarQuota(CalendarQuota::HEADLINE),
                 matcher: Match::default(),
                 scope: Scope::Recipient,
+                per_attributes: Vec::new(),
                 on_deny: OnDeny::Drop,
             }],
         }
@@ -110,17 +118,38 @@ impl Policy {
         self.rules.iter().filter(|r| r.matches(message)).collect()
     }
 
-    /// The rules of `scope` that some message with `channel` and `category` would match
-    /// (`None`: any value), in configuration order: what a quota peek shows.
+    /// The rules of `scope` that some message with `channel` and `category` (`None`: any
+    /// value) and `attributes` would match, in configuration order: what a quota peek shows.
+    /// A rule counting per attributes the peek was not given is left out: without their values
+    /// there is no state of it to show.
     pub fn rules_that_may_match<'p>(
         &'p self,
         scope: Scope,
         channel: Option<&str>,
         category: Option<&str>,
+        attributes: &Attributes,
     ) -> Vec<&'p Rule> {
         self.rules
             .iter()
-            .filter(|r| r.scope == scope && r.matcher.admits(channel, category))
+            .filter(|r| {
+                r.scope == scope
+                    && r.matcher.admits(channel, category)
+                    && r.carries_attributes(attributes)
+            })
+            .collect()
+    }
+
+    /// The rules whose filter admits `message` but which do not match it because it lacks
+    /// attributes they count per, each with the keys it lacks: what `check` explains.
+    pub fn unmatched_for_attributes<'p>(
+        &'p self,
+        message: &SendRequest,
+    ) -> Vec<(&'p Rule, Vec<&'p str>)> {
+        self.rules
+            .iter()
+            .filter(|r| r.matcher.matches(message))
+            .map(|r| (r, r.missing_attributes(&message.attributes)))
+            .filter(|(_, missing)| !missing.is_empty())
             .collect()
     }
 
@@ -133,14 +162,42 @@ impl Policy {
 impl Rule {
     /// Whether the rule applies to `message`: the one test of a rule against a message.
     pub fn matches(&self, message: &SendRequest) -> bool {
-        self.matcher.matches(message)
+        self.matcher.matches(message) && self.carries_attributes(&message.attributes)
+    }
+
+    /// Whether `attributes` hold every key of [`Rule::per_attributes`].
+    fn carries_attributes(&self, attributes: &Attributes) -> bool {
+        self.per_attributes
+            .iter()
+            .all(|key| attributes.get(key).is_some())
+    }
+
+    /// The keys of [`Rule::per_attributes`] that `attributes` lack.
+    fn missing_attributes(&self, attributes: &Attributes) -> Vec<&str> {
+        self.per_attributes
+            .iter()
+            .map(String::as_str)
+            .filter(|key| attributes.get(key).is_none())
+            .collect()
+    }
+
+    /// The message's value of each of [`Rule::per_attributes`], in the rule's order: the
+    /// tuple its state is kept per (with the scope's value). Only for a message the rule
+    /// matches, which carries them all.
+    pub fn attribute_values<'m>(
+        &'m self,
+        message: &'m SendRequest,
+    ) -> impl Iterator<Item = (&'m str, &'m str)> + 'm {
+        self.per_attributes
+            .iter()
+            .filter_map(|key| Some((key.as_str(), message.attributes.get(key)?)))
     }
 
     /// Whether the rule applies to every message: then two messages to one recipient always
     /// meet the same rules of it. Compared with the empty filter, so a match field added to
     /// [`Match`] cannot be forgotten here.
     pub fn matches_everything(&self) -> bool {
-        self.matcher == Match::default()
+        self.matcher == Match::default() && self.per_attributes.is_empty()
     }
 }
 
@@ -173,4 +230,61 @@ impl Scope {
 
 fn serialize_zone<S: serde::Serializer>(zone: &Tz, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(zone.name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(toml: &str) -> Policy {
+        #[derive(serde::Deserialize)]
+        struct File {
+            rules: Vec<RawRule>,
+        }
+        let file: File = toml::from_str(toml).expect("TOML");
+        Policy::from_raw(chrono_tz::UTC, file.rules).expect("valid policy")
+    }
+
+    fn message(attributes: serde_json::Value) -> SendRequest {
+        let body = serde_json::json!({"id": "m", "recipient": "u", "channel": "sms",
+            "attributes": attributes});
+        SendRequest::decode(body.to_string().as_bytes(), 4096).expect("valid")
+    }
+
+    #[test]
+    fn a_rule_counting_per_attributes_matches_only_messages_carrying_them_all() {
+        let p = policy(
+            "[[rules]]\nname = \"c\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"1d\"\n\
+             per_attributes = [\"campaign\", \"step\"]\n\
+             [[rules]]\nname = \"all\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"1d\"\n",
+        );
+        let both = message(serde_json::json!({"step": "1", "campaign": "a", "x": "y"}));
+        let one = message(serde_json::json!({"campaign": "a"}));
+        let names = |m: &SendRequest| -> Vec<String> {
+            p.rules_for(m).iter().map(|r| r.name.clone()).collect()
+        };
+        assert_eq!(names(&both), ["c", "all"]);
+        assert_eq!(names(&one), ["all"]);
+        assert_eq!(
+            p.rules[0].attribute_values(&both).collect::<Vec<_>>(),
+            [("campaign", "a"), ("step", "1")]
+        );
+        let unmatched = p.unmatched_for_attributes(&one);
+        assert_eq!(unmatched.len(), 1);
+        assert_eq!(
+            (unmatched[0].0.name.as_str(), unmatched[0].1.clone()),
+            ("c", vec!["step"])
+        );
+        assert!(p.unmatched_for_attributes(&both).is_empty());
+        assert!(!p.rules[0].matches_everything());
+        assert!(p.rules[1].matches_everything());
+        let peeked = |a: &Attributes| -> Vec<String> {
+            p.rules_that_may_match(Scope::Recipient, None, None, a)
+                .iter()
+                .map(|r| r.name.clone())
+                .collect()
+        };
+        assert_eq!(peeked(&Attributes::default()), ["all"]);
+        assert_eq!(peeked(&both.attributes), ["c", "all"]);
+    }
 }

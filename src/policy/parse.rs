@@ -6,6 +6,7 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 
 use super::{Match, OnDeny, Policy, Rule, Scope};
+use crate::attributes::MAX_ATTRIBUTES;
 use crate::kinds::Kind;
 use crate::message::{name_fault, one_line, MAX_NAME_CHARS, NAME_GRAMMAR};
 
@@ -39,6 +40,8 @@ pub struct RawRule {
     on_deny: Option<OnDeny>,
     #[serde(default, rename = "match")]
     matcher: Option<RawMatch>,
+    #[serde(default)]
+    per_attributes: Vec<String>,
     #[serde(flatten)]
     params: toml::Table,
 }
@@ -100,15 +103,18 @@ impl Policy {
             }
             let kind = Kind::from_params(&r.kind, &r.params).map_err(fail)?;
             let matcher = r.matcher.unwrap_or_default();
-            check_match("channels", &matcher.channels).map_err(fail)?;
-            check_match("categories", &matcher.categories).map_err(fail)?;
+            check_names("match channels", &matcher.channels).map_err(fail)?;
+            check_names("match categories", &matcher.categories).map_err(fail)?;
+            let scope = r.scope.unwrap_or(Scope::Recipient);
+            check_per_attributes(scope, &r.per_attributes).map_err(fail)?;
             rules.push(Rule {
                 kind,
                 matcher: Match {
                     channels: matcher.channels,
                     categories: matcher.categories,
                 },
-                scope: r.scope.unwrap_or(Scope::Recipient),
+                scope,
+                per_attributes: r.per_attributes,
                 on_deny: r.on_deny.unwrap_or(OnDeny::Drop),
                 name: r.name,
             });
@@ -120,9 +126,10 @@ impl Policy {
     }
 }
 
-/// Refuses a `match` entry no request could carry (a message with it is invalid), which would
-/// make the rule silently apply to nothing.
-fn check_match(list: &str, names: &[String]) -> Result<(), String> {
+/// Refuses a `match` or `per_attributes` entry no request could carry (a message with it is
+/// invalid), which would make the rule silently apply to nothing. Attribute keys are names of
+/// the same grammar and length as channels and categories.
+fn check_names(list: &str, names: &[String]) -> Result<(), String> {
     for name in names {
         let fault = match name_fault(name) {
             Some(fault) => fault.to_string(),
@@ -132,8 +139,37 @@ fn check_match(list: &str, names: &[String]) -> Result<(), String> {
             None => continue,
         };
         return Err(format!(
-            "match {list} entry {name:?} {fault}, so no request can carry it: {NAME_GRAMMAR}"
+            "{list} entry {name:?} {fault}, so no request can carry it: {NAME_GRAMMAR}"
         ));
+    }
+    Ok(())
+}
+
+/// Refuses `per_attributes` no request could carry, named twice, or with a scope that has no
+/// key shape for them (a channel or category scope: counting per attribute is kept per
+/// recipient or for everyone).
+fn check_per_attributes(scope: Scope, keys: &[String]) -> Result<(), String> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    if !matches!(scope, Scope::Recipient | Scope::Global) {
+        return Err(
+            "per_attributes needs scope \"recipient\" or \"global\" (per attribute value, \
+             for each recipient or for everyone)"
+                .to_owned(),
+        );
+    }
+    if keys.len() > MAX_ATTRIBUTES {
+        return Err(format!(
+            "per_attributes lists {} keys, more than a request can carry ({MAX_ATTRIBUTES})",
+            keys.len()
+        ));
+    }
+    check_names("per_attributes", keys)?;
+    for (at, key) in keys.iter().enumerate() {
+        if keys[..at].contains(key) {
+            return Err(format!("per_attributes lists {key:?} twice"));
+        }
     }
     Ok(())
 }

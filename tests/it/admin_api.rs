@@ -355,3 +355,64 @@ async fn the_openapi_document_lists_exactly_the_routes_that_exist() {
     let missing = http(port, "GET", "/v1/nothing", Some(TOKEN), "").await;
     assert_eq!(missing.status, 404);
 }
+
+/// `POST /v1/check` takes a request's attributes and names the rules it lacks them for; the
+/// quota peek shows a rule counting per attributes when given their values (a URL-encoded JSON
+/// object), and refuses bad ones with the request's reason.
+#[tokio::test]
+async fn check_and_the_quota_peek_take_attributes() {
+    let (env, _clock, port) = admin_env_with(|s| {
+        let config = "[[rules]]\nname = \"one-per-campaign\"\nkind = \"fixed_window\"\n\
+                      limit = 1\nwindow = \"30d\"\nper_attributes = [\"campaign\"]\n";
+        s.policy = sendquota::config::Settings::from_toml(config, |_| None)
+            .expect("valid")
+            .policy;
+    })
+    .await;
+    let mut spring = request("m1", "dave", "UTC");
+    spring["attributes"] = serde_json::json!({"campaign": "spring"});
+    env.publish(&spring).await;
+    assert!(env.outcome("m1", &mut HashMap::new()).await);
+    let check = |body: Value| async move {
+        let reply = http(port, "POST", "/v1/check", Some(TOKEN), &body.to_string()).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()
+    };
+    spring["id"] = "m2".into();
+    let spent = check(spring.clone()).await;
+    assert_eq!(spent["outcome"], "deny");
+    assert_eq!(spent["rule"], "one-per-campaign");
+    let without = check(request("m3", "dave", "UTC")).await;
+    assert_eq!(without["outcome"], "allow");
+    assert_eq!(
+        without["not_matched"],
+        serde_json::json!([{"rule": "one-per-campaign", "missing_attributes": ["campaign"]}])
+    );
+    let peek = |query: &'static str| async move {
+        http(
+            port,
+            "GET",
+            &format!("/v1/recipients/dave/quota{query}"),
+            Some(TOKEN),
+            "",
+        )
+        .await
+    };
+    let bare = peek("").await;
+    assert_eq!(bare.status, 200, "{}", bare.body);
+    assert_eq!(bare.json()["rules"], serde_json::json!([]));
+    let given = peek("?attributes=%7B%22campaign%22%3A%22spring%22%7D").await;
+    assert_eq!(given.status, 200, "{}", given.body);
+    let rules = &given.json()["rules"];
+    assert_eq!(rules[0]["rule"], "one-per-campaign", "{rules}");
+    assert_eq!(rules[0]["allowed"], false, "{rules}");
+    let other = peek("?attributes=%7B%22campaign%22%3A%22autumn%22%7D").await;
+    assert_eq!(other.json()["rules"][0]["allowed"], true);
+    let bad = peek("?attributes=%5B1%5D").await;
+    assert_eq!(bad.status, 400);
+    assert!(
+        bad.body.contains("field `attributes`: must be an object"),
+        "{}",
+        bad.body
+    );
+}

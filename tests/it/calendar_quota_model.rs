@@ -99,6 +99,7 @@ fn one_rule(q: CalendarQuota) -> Policy {
             kind: Kind::CalendarQuota(q),
             matcher: Match::default(),
             scope: Scope::Recipient,
+            per_attributes: Vec::new(),
             on_deny: OnDeny::Drop,
         }],
     }

@@ -122,10 +122,19 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
     let config = TempFile::new(
         "[[rules]]\nname = \"log\"\nkind = \"sliding_log\"\nsub_window = \"1m\"\n\
          policies = [{ limit = 3, window = \"10m\" }, { limit = 5, window = \"1h\" }]\n\
-         [[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\"\n",
+         [[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\"\n\
+         [[rules]]\nname = \"per-campaign\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"30d\"\n\
+         scope = \"global\"\nper_attributes = [\"campaign\", \"step\"]\n",
     );
     let first = config_check(Some(&config));
     assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(
+        first
+            .stdout
+            .contains("per_attributes = [\"campaign\", \"step\"]"),
+        "{}",
+        first.stdout
+    );
     let again = TempFile::new(&first.stdout);
     let second = config_check(Some(&again));
     assert_eq!(second.code, 0, "{}", second.stderr);

@@ -50,6 +50,12 @@ refused! {
     match_channel_no_request_can_carry => "rule \"r\": match channels entry \"sms.*\" holds `*` \
         (U+002A), so no request can carry it: a name is one or more words of letters, digits, `_` \
         and `-` joined by single dots, such as `sms` or `push.ios`",
+    per_attributes_key_no_request_can_carry => "rule \"r\": per_attributes entry \"campaign id\" \
+        holds U+0020, so no request can carry it: a name is one or more words of letters, digits, \
+        `_` and `-` joined by single dots, such as `sms` or `push.ios`",
+    per_attributes_with_a_channel_scope => "rule \"r\": per_attributes needs scope \"recipient\" \
+        or \"global\" (per attribute value, for each recipient or for everyone)",
+    per_attributes_twice => "rule \"r\": per_attributes lists \"campaign\" twice",
     match_category_no_request_can_carry => "rule \"r\": match categories entry \"two words\" holds \
         U+0020, so no request can carry it: a name is one or more words of letters, digits, `_` \
         and `-` joined by single dots, such as `sms` or `push.ios`",

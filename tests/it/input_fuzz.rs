@@ -55,7 +55,7 @@ fn fuzz<S: Strategy>(
 // SendRequest::decode
 // ---------------------------------------------------------------------------------------------
 
-const FIELDS: [&str; 7] = [
+const FIELDS: [&str; 8] = [
     "id",
     "recipient",
     "channel",
@@ -63,6 +63,7 @@ const FIELDS: [&str; 7] = [
     "timezone",
     "cost",
     "payload",
+    "attributes",
 ];
 
 const ZONES: [&str; 8] = [
@@ -145,6 +146,22 @@ fn field_value(field: &'static str) -> BoxedStrategy<Value> {
         ]
         .boxed(),
         "payload" => json_value().boxed(),
+        // Mostly valid objects of names to strings; sometimes keys and values of every kind
+        // (some over the limits, too many), values of other types, or not an object.
+        "attributes" => prop_oneof![
+            12 => prop::collection::btree_map(
+                "[a-z]{1,6}(\\.[a-z]{1,4})?",
+                "[A-Za-z0-9 ._:@+,={}-]{1,24}",
+                0..4,
+            )
+            .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k, Value::String(v))).collect())),
+            2 => prop::collection::btree_map("[A-Za-z0-9_-]{1,6}|\\PC{0,4}", field_string(), 0..20)
+                .prop_map(|m| Value::Object(m.into_iter().map(|(k, v)| (k, Value::String(v))).collect())),
+            1 => prop::collection::btree_map("[a-z]{1,4}", json_value(), 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            1 => json_value(),
+        ]
+        .boxed(),
         "channel" | "category" => prop_oneof![
             16 => "[A-Za-z0-9_-]{1,8}(\\.[A-Za-z0-9_-]{1,8}){0,2}".prop_map(Value::String),
             8 => field_string().prop_map(Value::String),
@@ -528,6 +545,7 @@ fn the_json_generator_produces_valid_requests_and_each_kind_of_error() {
         "NotAName",
         "WrongType",
         "FormatCharacter",
+        "Attribute",
     ] {
         assert!(
             kinds.contains_key(kind),

@@ -7,6 +7,7 @@
 mod support;
 
 mod admin_api;
+mod attributes;
 mod bucket_kinds_model;
 mod calendar_quota_model;
 mod cli;

@@ -879,6 +879,7 @@ pub fn first_message_to_hostile_id(i: usize) -> sendquota::internals::message::S
         timezone: None,
         cost: 1,
         payload: None,
+        attributes: Default::default(),
     }
 }
 
