@@ -9,6 +9,7 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::attributes::{MAX_ATTRIBUTES, MAX_KEY_CHARS, MAX_VALUE_CHARS};
 use crate::message::{
     format_ranges, MAX_AMQP_SHORT_BYTES, MAX_COST, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PAYLOAD_DEPTH,
     MAX_RECIPIENT_CHARS, NAME_GRAMMAR,
@@ -80,6 +81,18 @@ pub fn request_schema(max_body_bytes: usize) -> Value {
             "description": "Units the message takes from token buckets (other kinds count it \
                 once), written as a whole number: `2`, not `2.0` or `2e0`.",
             "type": ["integer", "null"], "minimum": 1, "maximum": MAX_COST, "default": 1,
+        }),
+    );
+    properties.insert(
+        "attributes".into(),
+        json!({
+            "description": "Short strings a rule can count by (`per_attributes`), such as a \
+                campaign or workflow: keys are names, values short text.",
+            "type": ["object", "null"], "maxProperties": MAX_ATTRIBUTES,
+            "propertyNames": { "maxLength": MAX_KEY_CHARS, "pattern": name_pattern },
+            "additionalProperties": {
+                "type": "string", "minLength": 1, "maxLength": MAX_VALUE_CHARS, "pattern": text,
+            },
         }),
     );
     properties.insert(

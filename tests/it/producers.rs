@@ -164,6 +164,34 @@ const AGREED: &[(&str, bool)] = &[
         r#"{"id":"m-1","recipient":"u","channel":"sms","timezone":"UTC"}"#,
         true,
     ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":{"campaign":"spring-2026","flow.step":"2"}}"#,
+        true,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":null}"#,
+        true,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":{"a b":"1"}}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":{"a":1}}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":{"a":""}}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":{"a":{"b":"c"}}}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":["a"]}"#,
+        false,
+    ),
     (r#"{"recipient":"u","channel":"sms"}"#, false),
     (r#"{"id":"m-1","channel":"sms"}"#, false),
     (r#"{"id":"m-1","recipient":"u"}"#, false),
@@ -232,6 +260,10 @@ const SCHEMA_CANNOT_SAY: &[(&str, &str)] = &[
     (
         "a whole cost written with a fraction (2.0)",
         r#"{"id":"m-1","recipient":"u","channel":"sms","cost":2.0}"#,
+    ),
+    (
+        "an attribute key given twice",
+        r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":{"a":"1","a":"2"}}"#,
     ),
     (
         "a NUL character in the payload",
