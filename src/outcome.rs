@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::decision::Verdict;
-use crate::message::SendRequest;
 
 /// Every outcome a message can have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -188,16 +187,6 @@ impl Handled {
             Handled::Invalid { .. } | Handled::Duplicate | Handled::InFlight => &[],
         }
     }
-}
-
-/// A delivery handled, with the request it carried (`None` when its body was not one): what
-/// the worker counts and logs once the outcome is durable, by channel, category and recipient.
-#[derive(Debug)]
-pub struct Settled {
-    /// What it came to.
-    pub handled: Handled,
-    /// The decoded request.
-    pub request: Option<SendRequest>,
 }
 
 /// How an attempt at a message failed.

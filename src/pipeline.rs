@@ -21,7 +21,7 @@ use crate::denials::{DenialError, DenialRow, DenialWriter};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Failure, Handled, Outcome, Settled};
+use crate::outcome::{Failure, Handled, Outcome};
 use crate::policy::Policy;
 use crate::sequence::Place;
 use crate::telemetry;
@@ -91,37 +91,31 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Decides one delivery and makes its outcome durable, publishing through `publisher`.
+    /// `request` is its body decoded (once, when it was taken from the channel: its recipient
+    /// placed it in line), or why the body is not a request.
     /// `claim` is the delivery's in-flight claim: the same one for every attempt at it.
     /// `place` is its place in its recipient's line: it is decided after the messages to that
     /// recipient delivered before it, and leaves the line once decided (an invalid body at
     /// once), not once its outcome is durable.
-    /// Returns the outcome with the decoded request, for the worker's metrics and logs.
     pub async fn handle(
         &self,
         publisher: &Publisher,
+        request: &Result<SendRequest, InvalidMessage>,
         body: &[u8],
         properties: &BasicProperties,
         claim: &Claim,
         place: &mut Place,
-    ) -> Result<Settled, HandleError> {
-        let message = match SendRequest::decode(body, self.max_body_bytes) {
-            Ok(m) => m,
+    ) -> Result<Handled, HandleError> {
+        match request {
+            Ok(message) => {
+                self.decide(publisher, message, body, properties, claim, place)
+                    .await
+            }
             Err(invalid) => {
                 place.leave();
-                let handled = self.invalid(publisher, body, properties, invalid).await?;
-                return Ok(Settled {
-                    handled,
-                    request: None,
-                });
+                self.invalid(publisher, body, properties, invalid).await
             }
-        };
-        let handled = self
-            .decide(publisher, &message, body, properties, claim, place)
-            .await?;
-        Ok(Settled {
-            handled,
-            request: Some(message),
-        })
+        }
     }
 
     /// Decides a decoded request in its turn and makes its outcome durable.
@@ -196,7 +190,7 @@ impl Pipeline {
         publisher: &Publisher,
         body: &[u8],
         properties: &BasicProperties,
-        invalid: InvalidMessage,
+        invalid: &InvalidMessage,
     ) -> Result<Handled, HandleError> {
         let reason = invalid.to_string();
         let id = properties.message_id().as_ref().map(|s| s.as_str());

@@ -25,7 +25,8 @@ use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::config::Settings;
 use crate::failpoint::{self, Failpoint};
-use crate::outcome::{self, Failure, Handled, Next, Settled};
+use crate::message::{InvalidMessage, SendRequest};
+use crate::outcome::{self, Failure, Handled, Next};
 use crate::pipeline::{HandleError, Pipeline, Poison};
 use crate::sequence::{Place, Sequence};
 use crate::telemetry;
@@ -170,9 +171,14 @@ async fn consume(
                     if delivery.redelivered {
                         metrics::counter!(telemetry::REDELIVERIES).increment(1);
                     }
+                    // Decoded once, here: the recipient places it in line, and the decision
+                    // reads the same request.
+                    let request =
+                        Box::new(SendRequest::decode(&delivery.data, pipeline.max_body_bytes));
                     // Here, where deliveries come in order, not on the delivery's task: tasks
                     // start in no particular order.
-                    let place = sequence.join(&delivery.data, pipeline.max_body_bytes);
+                    let recipient = request.as_ref().as_ref().ok().map(|m| m.recipient.as_str());
+                    let place = sequence.join(recipient);
                     let Ok(slot) = slots.clone().acquire_owned().await else { break Ok(()) };
                     let task = Task {
                         pipeline: pipeline.clone(),
@@ -183,6 +189,7 @@ async fn consume(
                         yield_slot_after: Duration::from_millis(settings.worker.yield_slot_after_ms),
                         stop: stop.clone(),
                         place,
+                        request,
                         unrouted: unrouted.clone(),
                     };
                     task.spawn(delivery, slot);
@@ -303,6 +310,9 @@ struct Task {
     stop: watch::Receiver<bool>,
     /// Its place in its recipient's line, taken in delivery order.
     place: Place,
+    /// Its body decoded, or why it is not a request. Boxed: the task's future is moved whole
+    /// when it is spawned.
+    request: Box<Result<SendRequest, InvalidMessage>>,
     /// The routing keys whose dispatches are unroutable, said once each.
     unrouted: Arc<Unrouted>,
 }
@@ -311,10 +321,12 @@ impl Task {
     /// Processes `delivery` on its own task, holding `slot` until it is done.
     fn spawn(self, delivery: Delivery, slot: tokio::sync::OwnedSemaphorePermit) {
         let in_flight = self.pipeline.metrics.in_flight();
-        tokio::spawn(async move {
+        // Boxed: the runtime moves a task's future when it is spawned and again when it
+        // completes; a box is moved as a pointer.
+        tokio::spawn(Box::pin(async move {
             self.process(delivery).await;
             drop((slot, in_flight));
-        });
+        }));
     }
 
     /// Whether retrying is pointless: a lost channel can neither publish nor ack, and the
@@ -334,6 +346,7 @@ impl Task {
             // whole when it is spawned and when it completes.
             let handled = Box::pin(self.pipeline.handle(
                 &self.publisher,
+                &self.request,
                 &delivery.data,
                 &delivery.properties,
                 &claim,
@@ -341,18 +354,14 @@ impl Task {
             ))
             .await;
             match handled {
-                Ok(settled) => {
-                    if let (Handled::Dispatched { .. }, Some(request)) =
-                        (&settled.handled, &settled.request)
-                    {
+                Ok(handled) => {
+                    let request = self.request.as_ref().as_ref().ok();
+                    if let (Handled::Dispatched { .. }, Some(request)) = (&handled, request) {
                         self.unrouted.routed(&request.channel);
                     }
                     // Counted once the outcome is durable, not per attempt.
-                    let request = settled.request.as_ref();
-                    self.pipeline
-                        .metrics
-                        .outcome(settled.handled.name(), request);
-                    log_handled(&delivery, &settled);
+                    self.pipeline.metrics.outcome(handled.name(), request);
+                    log_handled(&delivery, request, &handled);
                     self.settler.ack(delivery.delivery_tag);
                     return;
                 }
@@ -521,21 +530,21 @@ impl Unrouted {
 /// Logs what a delivery came to, under [`telemetry::DECISION_LOG`]: an invalid body at warn,
 /// a decided request at debug (off by default; see there). Field values are only formatted,
 /// and a recipient only hashed, when the line is written.
-fn log_handled(delivery: &Delivery, settled: &Settled) {
-    let outcome = settled.handled.name().as_str();
-    let Some(request) = &settled.request else {
+fn log_handled(delivery: &Delivery, request: Option<&SendRequest>, handled: &Handled) {
+    let outcome = handled.name().as_str();
+    let Some(request) = request else {
         let id = delivery
             .properties
             .message_id()
             .as_ref()
             .map(|s| s.as_str());
-        if let Handled::Invalid { reason } = &settled.handled {
+        if let Handled::Invalid { reason } = handled {
             warn!(target: telemetry::DECISION_LOG, message_id = id, outcome, %reason,
                 "invalid message");
         }
         return;
     };
-    let rules = settled.handled.rules();
+    let rules = handled.rules();
     debug!(
         target: telemetry::DECISION_LOG,
         message_id = %request.id,
