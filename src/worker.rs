@@ -310,7 +310,7 @@ struct Task {
 impl Task {
     /// Processes `delivery` on its own task, holding `slot` until it is done.
     fn spawn(self, delivery: Delivery, slot: tokio::sync::OwnedSemaphorePermit) {
-        let in_flight = self.pipeline.metrics.in_flight();
+        let in_flight = self.pipeline.rules.current().metrics.in_flight();
         tokio::spawn(async move {
             self.process(delivery).await;
             drop((slot, in_flight));
@@ -350,6 +350,8 @@ impl Task {
                     // Counted once the outcome is durable, not per attempt.
                     let request = settled.request.as_ref();
                     self.pipeline
+                        .rules
+                        .current()
                         .metrics
                         .outcome(settled.handled.name(), request);
                     log_handled(&delivery, &settled);
