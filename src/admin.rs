@@ -1,5 +1,5 @@
 //! The admin HTTP API the worker serves: health, readiness, metrics, and under `/v1` (bearer
-//! token required) the denial history, quota peek and reset, and dry-run checks.
+//! token required) the denial history, quota peek and reset, dry-run checks and rule reloads.
 //!
 //! The routes are listed once, in [`ROUTES`]; the router is built from the same handlers and
 //! a test checks `openapi.json` against that list, so the document cannot drift.
@@ -28,7 +28,7 @@ use crate::decision;
 use crate::denials::{DenialFilter, DenialStore};
 use crate::limiter::Limiter;
 use crate::message::SendRequest;
-use crate::policy::Policy;
+use crate::reload::{ReloadError, Reloader, Source};
 use crate::telemetry;
 
 /// Every route: method and path, as in `openapi.json`.
@@ -41,6 +41,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/check"),
     ("get", "/v1/recipients/{id}/quota"),
     ("delete", "/v1/recipients/{id}/quota"),
+    ("post", "/v1/rules/reload"),
 ];
 
 /// The OpenAPI document, served at `/openapi.json`.
@@ -86,8 +87,8 @@ impl Health {
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AdminState {
-    /// The rules.
-    pub policy: Arc<Policy>,
+    /// The running rules (each request takes one snapshot) and their reloads.
+    pub reloader: Arc<Reloader>,
     /// Quota state.
     pub limiter: Limiter,
     /// The denial history and audit.
@@ -113,6 +114,7 @@ pub fn router(state: AdminState) -> Router {
             "/v1/recipients/{id}/quota",
             get(peek_quota).delete(reset_quota),
         )
+        .route("/v1/rules/reload", post(reload_rules))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -345,17 +347,12 @@ async fn check(
         Ok(at) => at,
         Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
     };
-    match state
-        .limiter
-        .evaluate(&state.policy, &message, at, false)
-        .await
-    {
+    let rules = state.reloader.rules().current();
+    let policy = &rules.policy;
+    match state.limiter.evaluate(policy, &message, at, false).await {
         Ok(evaluation) => Json(decision::explain_unmatched(
-            decision::report(
-                evaluation.verdicts(),
-                &evaluation.outcome(&state.policy, &message),
-            ),
-            &state.policy,
+            decision::report(evaluation.verdicts(), &evaluation.outcome(policy, &message)),
+            policy,
             &message,
         ))
         .into_response(),
@@ -396,8 +393,9 @@ async fn peek_quota(
         Ok(a) => a.unwrap_or_default(),
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
+    let rules = state.reloader.rules().current();
     let peek = state.limiter.peek(
-        &state.policy,
+        &rules.policy,
         &recipient,
         zone,
         q.channel.as_deref(),
@@ -420,7 +418,8 @@ async fn reset_quota(
     Path(recipient): Path<String>,
 ) -> Response {
     // The audit row comes first: a reset that cannot be audited does not happen.
-    let rules = Limiter::reset_rules(&state.policy);
+    let running = state.reloader.rules().current();
+    let rules = Limiter::reset_rules(&running.policy);
     let at = state.clock.now();
     let audit = match state
         .denials
@@ -435,7 +434,7 @@ async fn reset_quota(
             )
         }
     };
-    let removed = match state.limiter.reset(&state.policy, &recipient).await {
+    let removed = match state.limiter.reset(&running.policy, &recipient).await {
         Ok(removed) => removed,
         Err(e) => {
             // Best effort: a row left pending says the same, that the outcome is unknown.
@@ -454,4 +453,18 @@ async fn reset_quota(
         "reset_at": at,
     }))
     .into_response()
+}
+
+/// Reloads the rules from the configuration file the worker started with (the body is not
+/// read): 200 with what changed or `unchanged`, 400 with the file's error (the running rules
+/// stay), 503 when the change could not be audited (nothing changed).
+async fn reload_rules(
+    State(state): State<AdminState>,
+    Extension(Actor(actor)): Extension<Actor>,
+) -> Response {
+    match state.reloader.reload(Source::Api(actor)).await {
+        Ok(reloaded) => Json(reloaded).into_response(),
+        Err(e @ ReloadError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ ReloadError::Audit(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
 }

@@ -99,6 +99,36 @@ pub enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// The rules' live changes (SIGHUP or `POST /v1/rules/reload` on a worker).
+    Rules {
+        /// What to do.
+        #[command(subcommand)]
+        action: RulesAction,
+    },
+}
+
+/// `rules` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum RulesAction {
+    /// Print the rule changes workers applied, newest first: when, by which token or signal,
+    /// the old and new policy hashes, and what changed.
+    History {
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = HistoryFormat::Table)]
+        format: HistoryFormat,
+    },
+}
+
+/// Output formats of `rules history`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum HistoryFormat {
+    /// A line per change (hashes shortened to 12 digits), its difference indented below.
+    Table,
+    /// One JSON object per line, hashes whole, the difference as an array of lines.
+    Json,
 }
 
 /// `quarantine` subcommands.
@@ -363,7 +393,50 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
             print!("{}", settings.effective_toml());
             Ok(())
         }
+        Command::Rules {
+            action: RulesAction::History { limit, format },
+        } => rules_history(&settings, limit, format).await,
     }
+}
+
+/// `rules history`: the latest `limit` rows of `policy_changes`.
+async fn rules_history(
+    settings: &Settings,
+    limit: i64,
+    format: HistoryFormat,
+) -> Result<(), CliError> {
+    if limit < 1 {
+        return Err(CliError::Input("--limit must be at least 1".to_owned()));
+    }
+    let store = connect_store(settings).await?;
+    let changes = crate::reload::history(&store, limit)
+        .await
+        .map_err(|e| service("postgres")(&e))?;
+    let mut out = std::io::stdout().lock();
+    let written = changes.iter().try_for_each(|c| match format {
+        HistoryFormat::Json => {
+            let line = serde_json::json!({
+                "id": c.id, "changed_at": rfc3339(c.changed_at), "source": c.source,
+                "old_hash": c.old_hash, "new_hash": c.new_hash,
+                "diff": c.diff.lines().collect::<Vec<_>>(),
+            });
+            writeln!(out, "{line}")
+        }
+        HistoryFormat::Table => {
+            let short = |h: &str| h.chars().take(12).collect::<String>();
+            writeln!(
+                out,
+                "{}  {}  {}  {} -> {}",
+                c.id,
+                rfc3339(c.changed_at),
+                c.source,
+                short(&c.old_hash),
+                short(&c.new_hash)
+            )?;
+            c.diff.lines().try_for_each(|l| writeln!(out, "    {l}"))
+        }
+    });
+    written.map_err(|e| CliError::Service(format!("writing output: {e}")))
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -73,6 +73,9 @@ pub struct Settings {
     pub log: LogSettings,
     /// The validated rules.
     pub policy: Policy,
+    /// The file these settings were read from (`None`: no file): a rule reload
+    /// (`crate::reload`) reads the same file again.
+    pub source: Option<PathBuf>,
 }
 
 /// Log lines: their format, and how decision logs show recipients.
@@ -375,7 +378,9 @@ impl Settings {
             }
             None => File::default(),
         };
-        Settings::from_file(file, env)
+        let mut settings = Settings::from_file(file, env)?;
+        settings.source = path.map(Path::to_owned);
+        Ok(settings)
     }
 
     /// Parses settings from TOML text (no file), with environment overrides.
@@ -423,6 +428,7 @@ impl Settings {
             admin: file.admin,
             log: file.log,
             policy,
+            source: None,
         };
         check_ranges(&settings)?;
         Ok(settings)

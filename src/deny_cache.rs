@@ -20,10 +20,11 @@
 //!   re-admitted by some rules only) invalidates the recipient on every worker through Redis
 //!   pub/sub; while the subscription is down the cache is off
 //!   and emptied; a generation counter drops fills that raced an invalidation;
-//! - a configuration change restarts the workers, which start with empty caches.
+//! - a rule reload (`reload`) empties the cache and keeps it off until no message decided under
+//!   the replaced rules is in flight: entries are only ever filled and read under one policy.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, Utc};
@@ -94,6 +95,9 @@ pub struct DenyCache {
     entries: Mutex<HashMap<String, Vec<Entry>>>,
     generation: AtomicU64,
     enabled: AtomicBool,
+    /// Rule reloads whose replaced rules may still be deciding messages; the cache is off
+    /// while any is.
+    suspended: AtomicUsize,
     hits: AtomicU64,
 }
 
@@ -133,6 +137,27 @@ impl DenyCache {
         self.enabled.store(on, Ordering::SeqCst);
     }
 
+    /// Turns the cache off and empties it while the rules change: until
+    /// [`DenyCache::resume`], messages decided under the replaced rules may still be in
+    /// flight. The flag goes up before the entries go, so no fill can slip in between.
+    pub fn suspend(&self) {
+        self.suspended.fetch_add(1, Ordering::SeqCst);
+        self.clear();
+    }
+
+    /// Ends one [`DenyCache::suspend`]: no message decided under the rules it replaced is in
+    /// flight any more.
+    pub fn resume(&self) {
+        let _ = self
+            .suspended
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+
+    /// Whether lookups and fills are served: the subscription is up and no reload is settling.
+    fn on(&self) -> bool {
+        self.enabled.load(Ordering::SeqCst) && self.suspended.load(Ordering::SeqCst) == 0
+    }
+
     /// The generation to pass to [`DenyCache::fill`], read before deciding in Redis.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
@@ -147,7 +172,7 @@ impl DenyCache {
         zone: Tz,
         now: DateTime<Utc>,
     ) -> Option<Vec<Verdict>> {
-        if !self.enabled.load(Ordering::SeqCst) {
+        if !self.on() {
             return None;
         }
         let entries = self.entries.lock().ok()?;
@@ -176,7 +201,7 @@ impl DenyCache {
         verdicts: Vec<Verdict>,
         generation: u64,
     ) {
-        if !self.enabled.load(Ordering::SeqCst) {
+        if !self.on() {
             return;
         }
         let Ok(mut entries) = self.entries.lock() else {

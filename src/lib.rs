@@ -23,7 +23,8 @@
 //! Around it: `startup` builds the application and runs it until stopped; `config` (TOML and
 //! environment), `clock` (injectable time), `store` (the Redis connection, single or cluster),
 //! `tls` (certificate files and the process's one rustls crypto provider), `admin` (the admin
-//! HTTP API), `replay` and `quarantine` (the operators' commands on denied and quarantined
+//! HTTP API), `reload` (the running rules, swapped whole on SIGHUP or the API, and audited),
+//! `replay` and `quarantine` (the operators' commands on denied and quarantined
 //! messages), `tail` (printing what is dispatched), `schema` (the request's JSON Schema for
 //! producers), `telemetry` (logs and metrics), `failpoint` (crash-test faults, cargo feature
 //! `failpoints`), `cli` (the `sendquota` command).
@@ -55,6 +56,7 @@ mod outcome;
 mod pipeline;
 mod policy;
 mod quarantine;
+mod reload;
 mod replay;
 mod schema;
 mod sequence;
@@ -136,6 +138,10 @@ pub mod internals {
     /// The crate's `quarantine` module.
     pub mod quarantine {
         pub use crate::quarantine::*;
+    }
+    /// The crate's `reload` module.
+    pub mod reload {
+        pub use crate::reload::*;
     }
     /// The crate's `replay` module.
     pub mod replay {

@@ -22,7 +22,7 @@ use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{Failure, Handled, Outcome};
-use crate::policy::Policy;
+use crate::reload::LiveRules;
 use crate::sequence::Place;
 use crate::telemetry;
 
@@ -67,8 +67,8 @@ pub struct Poison {
 
 /// Everything a message's decision needs, shared by all in-flight messages.
 pub struct Pipeline {
-    /// The validated rules.
-    pub policy: Arc<Policy>,
+    /// The running rules, with their metric handles: each decision takes one snapshot.
+    pub rules: LiveRules,
     /// Quota state in Redis.
     pub limiter: Limiter,
     /// Dispatch marks in Redis.
@@ -85,8 +85,6 @@ pub struct Pipeline {
     pub claim_lease_ms: u64,
     /// A deliberate stop for crash tests; `None` in production.
     pub failpoint: Option<Failpoint>,
-    /// The per-message metrics, registered at start.
-    pub metrics: telemetry::MessageMetrics,
 }
 
 impl Pipeline {
@@ -139,13 +137,15 @@ impl Pipeline {
         if failpoint::armed(self.failpoint, Failpoint::SlowIds) && message.id.starts_with("slow-") {
             tokio::time::sleep(failpoint::SLOW_IDS_HOLD).await;
         }
+        // One snapshot for the whole decision: a reload meanwhile does not reach it.
+        let rules = self.rules.current();
         let now = self.clock.now();
         let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
             .and_then(|v| v.parse::<i64>().ok());
         let started = Instant::now();
         let evaluation = self
             .limiter
-            .evaluate_claimed(&self.policy, message, now, claim)
+            .evaluate_claimed(&rules.policy, message, now, claim)
             .await;
         // Decided, or failed: the next message to the recipient may be decided now. A failed
         // decision gives up its turn and is retried outside the line; keeping the turn would
@@ -153,7 +153,8 @@ impl Pipeline {
         // yields its slot (a minute by default).
         place.leave();
         let evaluation = evaluation?;
-        self.metrics
+        rules
+            .metrics
             .decision_seconds
             .record(started.elapsed().as_secs_f64());
         let decoded = Decoded {
@@ -162,6 +163,7 @@ impl Pipeline {
             body,
             now,
             replay_of,
+            metrics: &rules.metrics,
         };
         let verdicts = match &evaluation {
             Evaluation::Decided { verdicts, .. } => verdicts,
@@ -169,9 +171,9 @@ impl Pipeline {
             Evaluation::InFlight { .. } => return self.wait_in_flight(&decoded).await,
         };
         for v in verdicts {
-            self.metrics.verdict(&v.rule, v.allowed);
+            rules.metrics.verdict(&v.rule, v.allowed);
         }
-        match evaluation.outcome(&self.policy, message) {
+        match evaluation.outcome(&rules.policy, message) {
             Outcome::Allow { shadow_refusals } => {
                 self.dispatch(&decoded, claim, shadow_refusals).await
             }
@@ -243,7 +245,8 @@ impl Pipeline {
                 .publisher
                 .publish(&self.names.dispatch, &message.channel, decoded.body, props)
                 .await?;
-            self.metrics
+            decoded
+                .metrics
                 .dispatch_seconds
                 .record(started.elapsed().as_secs_f64());
             self.marks.mark_dispatched(message, decoded.now).await?;
@@ -312,7 +315,12 @@ impl Pipeline {
             .await?;
         if let Some(message) = &message {
             self.limiter
-                .refund(&self.policy, message, self.clock.now(), claim)
+                .refund(
+                    &self.rules.current().policy,
+                    message,
+                    self.clock.now(),
+                    claim,
+                )
                 .await?;
         }
         metrics::counter!(telemetry::QUARANTINED).increment(1);
@@ -376,7 +384,10 @@ impl Pipeline {
                 ..DenialRow::for_message(message, now)
             })
             .await?;
-        self.metrics
+        // The histogram is the same whatever the rules: any snapshot's handle records it.
+        self.rules
+            .current()
+            .metrics
             .denial_write_seconds
             .record(started.elapsed().as_secs_f64());
         Ok(())
@@ -391,6 +402,8 @@ struct Decoded<'a> {
     now: DateTime<Utc>,
     /// The denial this delivery replays, carried on whenever it is republished.
     replay_of: Option<i64>,
+    /// The metric handles of the rules it was decided under.
+    metrics: &'a telemetry::MessageMetrics,
 }
 
 impl Decoded<'_> {

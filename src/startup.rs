@@ -1,7 +1,8 @@
 //! Building the worker application and running it until stopped: the connections (Redis,
 //! Postgres; the broker's are the worker's sessions), the checks made once at start (Redis's
-//! version, the clock against Redis), the deny cache and its subscription, the admin API, the
-//! metrics upkeep, then the worker's sessions until shutdown.
+//! version, the clock against Redis), the deny cache and its subscription, the running rules
+//! and their reloads (SIGHUP, the admin API), the admin API, the metrics upkeep, then the
+//! worker's sessions until shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use crate::deny_cache::{self, DenyCache};
 use crate::failpoint::Failpoint;
 use crate::limiter::Limiter;
 use crate::pipeline::Pipeline;
+use crate::reload::{self, LiveRules, Reloader, Rules};
 use crate::store::RedisConn;
 use crate::{telemetry, worker};
 
@@ -67,20 +69,32 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartupError> {
     crate::clock::in_range(clock.now())?;
+    let hangups = reload::hangups();
     telemetry::prometheus();
     metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
         .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
     let redis = connect_redis(settings).await?;
     let denials = DenialStore::connect(&settings.database).await?;
     report_skew(&redis, clock.as_ref()).await;
-    let policy = Arc::new(settings.policy.clone());
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
     let limiter = limiter(settings, &redis, &stop);
+    let rules = LiveRules::new(Rules::new(settings.policy.clone()));
+    let reloader = Arc::new(Reloader::new(
+        rules.clone(),
+        settings,
+        denials.clone(),
+        limiter.deny_cache().cloned(),
+    ));
+    tokio::spawn(reload::reload_on_hangup(
+        hangups,
+        reloader.clone(),
+        stop.clone(),
+    ));
     let (redis_for_skew, clock_for_skew) = (redis.clone(), clock.clone());
     if !settings.admin.listen.is_empty() {
         let state = AdminState {
-            policy: policy.clone(),
+            reloader,
             limiter: limiter.clone(),
             denials: denials.clone(),
             clock: clock.clone(),
@@ -90,7 +104,7 @@ pub async fn run(
         serve_admin(&settings.admin.listen, state, stop.clone()).await?;
     }
     let pipeline = Arc::new(Pipeline {
-        policy,
+        rules,
         limiter,
         marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials: DenialWriter::spawn(
@@ -103,7 +117,6 @@ pub async fn run(
         max_body_bytes: settings.worker.max_body_bytes,
         claim_lease_ms: settings.worker.claim_lease_ms,
         failpoint,
-        metrics: telemetry::MessageMetrics::register(&settings.policy),
     });
     keep_metrics_up(stop.clone());
     keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());

@@ -52,6 +52,9 @@ pub const DENY_CACHE_HITS: &str = "sendquota_deny_cache_hits_total";
 /// deliveries) or `single` (a delivery held too long behind an unfinished one). Fewer frames
 /// per message is less work for the worker and, on a quorum queue, for the broker's log.
 pub const ACK_FRAMES: &str = "sendquota_ack_frames_total";
+/// Counter: rule reloads (SIGHUP or the admin API) that did not apply: the file did not load
+/// or validate, or the change could not be audited. The running rules stayed.
+pub const POLICY_RELOAD_FAILURES: &str = "sendquota_policy_reload_failures_total";
 /// Gauge: deliveries taken from the requests queue whose outcome is not settled yet.
 pub const DELIVERIES_IN_FLIGHT: &str = "sendquota_deliveries_in_flight";
 /// Gauge: 1 when the worker is ready as `/readyz` says, else 0; measured at each scrape.
@@ -108,6 +111,7 @@ pub const FAMILIES: &[Family] = &[
     Family::counter(DELAYED, "Messages parked in a delay queue."),
     Family::counter(DENY_CACHE_HITS, "Decisions answered from the deny cache, without Redis."),
     Family::counter(ACK_FRAMES, "Ack frames sent to the broker, by kind (multiple, single)."),
+    Family::counter(POLICY_RELOAD_FAILURES, "Rule reloads that did not apply (bad file, or no audit row); the running rules stayed."),
     Family::gauge(DELIVERIES_IN_FLIGHT, "Deliveries taken from the requests queue whose outcome is not settled yet."),
     Family::gauge(READY, "1 when the worker is ready as /readyz says, else 0."),
     Family::gauge(CLOCK_SKEW_SECONDS, "The worker's clock minus Redis TIME, in seconds."),
@@ -186,6 +190,7 @@ fn describe() {
         SLOTS_YIELDED,
         DELAYED,
         DENY_CACHE_HITS,
+        POLICY_RELOAD_FAILURES,
     ] {
         metrics::counter!(name).absolute(0);
     }

@@ -320,7 +320,7 @@ struct Task {
 impl Task {
     /// Processes `delivery` on its own task, holding `slot` until it is done.
     fn spawn(self, delivery: Delivery, slot: tokio::sync::OwnedSemaphorePermit) {
-        let in_flight = self.pipeline.metrics.in_flight();
+        let in_flight = self.pipeline.rules.current().metrics.in_flight();
         // Boxed: the runtime moves a task's future when it is spawned and again when it
         // completes; a box is moved as a pointer.
         tokio::spawn(Box::pin(async move {
@@ -360,7 +360,11 @@ impl Task {
                         self.unrouted.routed(&request.channel);
                     }
                     // Counted once the outcome is durable, not per attempt.
-                    self.pipeline.metrics.outcome(handled.name(), request);
+                    self.pipeline
+                        .rules
+                        .current()
+                        .metrics
+                        .outcome(handled.name(), request);
                     log_handled(&delivery, request, &handled);
                     self.settler.ack(delivery.delivery_tag);
                     return;

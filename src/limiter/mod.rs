@@ -157,6 +157,12 @@ impl Limiter {
         &self.conn
     }
 
+    /// The deny cache, if the limiter has one: a rule reload turns it off while the replaced
+    /// rules may still be deciding.
+    pub fn deny_cache(&self) -> Option<&Arc<DenyCache>> {
+        self.cache.as_ref()
+    }
+
     /// Decides `message` at `now` against every rule of `policy` that applies. With `commit`
     /// the quota is consumed when the message may go out, unless the message id was
     /// dispatched before (then nothing is decided: [`Evaluation::Dispatched`]); without it

@@ -29,6 +29,7 @@ mod producers;
 mod replay;
 mod resilience;
 mod retries;
+mod rule_reload;
 mod security;
 mod settings;
 mod tls;

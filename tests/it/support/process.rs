@@ -125,6 +125,11 @@ impl Running {
         }
     }
 
+    /// The process id, to send the process this test started a signal.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The lines written so far.
     pub fn lines(&self) -> Vec<String> {
         self.lines.lock().unwrap_or_else(|p| p.into_inner()).clone()
