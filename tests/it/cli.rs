@@ -223,7 +223,7 @@ fn bad_config_files_exit_2_with_one_line_naming_the_problem() {
         refused("[[rules]]\nname = \"x\"\nkind = \"nope\"\n"),
         "sendquota: rule \"x\": unknown kind \"nope\" (known kinds: calendar_quota, \
          fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, \
-         zset_window, quiet_hours)\n"
+         zset_window, quiet_hours, send_window)\n"
     );
     let valid = "per_day = 1\nper_window = 3\nwindow_days = 7\n";
     assert_eq!(

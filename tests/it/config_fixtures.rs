@@ -27,7 +27,7 @@ macro_rules! refused {
 refused! {
     unknown_kind => "rule \"r\": unknown kind \"bogus_window\" (known kinds: calendar_quota, \
         fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, zset_window, \
-        quiet_hours)",
+        quiet_hours, send_window)",
     zero_window => "rule \"r\": window must be longer than zero, got \"0s\"",
     negative_window => "rule \"r\": window \"-5m\" is not a duration (a whole number followed by \
         ms, s, m, h or d)",
