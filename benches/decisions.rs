@@ -41,7 +41,7 @@ use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::Policy;
 use sendquota::internals::store::RedisConn;
 
-const KINDS: [(&str, &str); 10] = [
+const KINDS: [(&str, &str); 11] = [
     ("calendar_quota (headline)", "kind = \"calendar_quota\""),
     ("fixed_window", "kind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\""),
     ("sliding_window hash", "kind = \"sliding_window\"\nlimit = 5\nwindow = \"1h\"\nsub_window = \"1m\""),
@@ -52,6 +52,7 @@ const KINDS: [(&str, &str); 10] = [
     ("gcra", "kind = \"gcra\"\nrate = 5\nperiod = \"1h\"\nburst = 5"),
     ("zset_window", "kind = \"zset_window\"\nlimit = 5\nwindow = \"1h\""),
     ("quiet_hours", "kind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\""),
+    ("send_window", "kind = \"send_window\"\nwindows = { mon = [\"09:00-17:30\"], sat = [\"10:00-14:00\"] }"),
 ];
 
 /// rate-limiter-flexible's fixed-window counter as the stand-in the headline path is compared

@@ -70,8 +70,8 @@ pub fn request_schema(max_body_bytes: usize) -> Value {
     properties.insert(
         "timezone".into(),
         json!({
-            "description": "The recipient's IANA time zone, in which calendar days and quiet \
-                hours are counted; the worker's default zone when absent.",
+            "description": "The recipient's IANA time zone, in which calendar days, quiet \
+                hours and send windows are counted; the worker's default zone when absent.",
             "type": ["string", "null"], "enum": zones,
         }),
     );

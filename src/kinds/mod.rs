@@ -12,8 +12,10 @@ mod calendar_quota;
 mod fixed_window;
 mod gcra;
 mod leaky_bucket;
+mod local_windows;
 mod params;
 mod quiet_hours;
+mod send_window;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
@@ -28,7 +30,8 @@ pub use fixed_window::Window;
 pub use gcra::Gcra;
 pub use leaky_bucket::Bucket;
 pub use params::{human_ms, parse_duration_ms};
-pub use quiet_hours::{quiet_until, QuietHours};
+pub use quiet_hours::QuietHours;
+pub use send_window::SendWindow;
 pub use sliding_log::SlidingLog;
 pub use sliding_window::{SlidingWindow, Storage};
 pub use token_bucket::TokenBucket;
@@ -55,6 +58,8 @@ pub enum Kind {
     ZsetWindow(Window),
     /// No sends between two local times of day.
     QuietHours(QuietHours),
+    /// Sends only inside local windows per weekday.
+    SendWindow(SendWindow),
 }
 
 /// Every kind name the configuration accepts, for error messages: the names of [`SOURCES`].
@@ -69,7 +74,7 @@ pub const KIND_NAMES: [&str; SOURCES.len()] = {
 };
 
 /// Every kind's script, by the name its rules carry, in the order scripts compose them.
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 10] = [
     ("calendar_quota", calendar_quota::LUA),
     ("fixed_window", fixed_window::LUA),
     ("sliding_window", sliding_window::LUA),
@@ -79,6 +84,7 @@ pub const SOURCES: [(&str, &str); 9] = [
     ("gcra", gcra::LUA),
     ("zset_window", zset_window::LUA),
     ("quiet_hours", quiet_hours::LUA),
+    ("send_window", send_window::LUA),
 ];
 
 impl Kind {
@@ -94,6 +100,7 @@ impl Kind {
             Kind::Gcra(_) => "gcra",
             Kind::ZsetWindow(_) => "zset_window",
             Kind::QuietHours(_) => "quiet_hours",
+            Kind::SendWindow(_) => "send_window",
         }
     }
 
@@ -114,6 +121,7 @@ impl Kind {
             "token_bucket" => Kind::TokenBucket(token_bucket::parse(&mut p)?),
             "gcra" => Kind::Gcra(gcra::parse(&mut p)?),
             "quiet_hours" => Kind::QuietHours(quiet_hours::parse(&mut p)?),
+            "send_window" => Kind::SendWindow(send_window::parse(&mut p)?),
             other => {
                 return Err(format!(
                     "unknown kind \"{other}\" (known kinds: {})",
@@ -136,6 +144,7 @@ impl Kind {
             Kind::TokenBucket(t) => token_bucket::args(t),
             Kind::Gcra(g) => gcra::args(g),
             Kind::QuietHours(q) => quiet_hours::args(q, now, zone),
+            Kind::SendWindow(w) => send_window::args(w, now, zone),
         }
     }
 
@@ -155,10 +164,10 @@ impl Kind {
         }
     }
 
-    /// What the rule still allows, for kinds that count (quiet hours do not).
+    /// What the rule still allows, for kinds that count (quiet hours and send windows do not).
     pub fn remaining(&self, raw: i64) -> Option<i64> {
         match self {
-            Kind::QuietHours(_) => None,
+            Kind::QuietHours(_) | Kind::SendWindow(_) => None,
             _ => Some(raw),
         }
     }
@@ -176,6 +185,19 @@ impl Kind {
             Kind::TokenBucket(t) => token_bucket::reason(t, cost),
             Kind::Gcra(g) => gcra::reason(g),
             Kind::QuietHours(q) => quiet_hours::reason(q),
+            Kind::SendWindow(_) => send_window::reason(detail),
+        }
+    }
+
+    /// For the kinds that refuse by the local wall clock alone (quiet hours, send windows):
+    /// when the closed period `t` falls in ends in `zone`; `None` when `t` is open, and for
+    /// the kinds that count, which time alone does not close. A refusal's `retry_after` is
+    /// moved past these (`Evaluation::outcome`), as a rule that admits now can refuse then.
+    pub fn closed_until(&self, t: DateTime<Utc>, zone: Tz) -> Option<DateTime<Utc>> {
+        match self {
+            Kind::QuietHours(q) => quiet_hours::quiet_until(q, t, zone),
+            Kind::SendWindow(w) => send_window::closed_until(w, t, zone),
+            _ => None,
         }
     }
 }

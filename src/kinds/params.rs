@@ -95,6 +95,12 @@ impl Params<'_> {
         }
     }
 
+    /// A parameter of a shape of its own (an array, a table), for the kind to read.
+    pub(super) fn value(&mut self, name: &'static str) -> Option<&toml::Value> {
+        self.used.push(name);
+        self.table.get(name)
+    }
+
     pub(super) fn duration(
         &mut self,
         name: &'static str,

@@ -383,31 +383,27 @@ impl Limiter {
         Ok(())
     }
 
-    /// The first instant at or after `t` that no enforcing quiet-hours rule matching `message`
-    /// keeps quiet, in the message's zone. Counting rules only free up as time passes (when
-    /// nothing else is sent meanwhile), so past the refusing rules' `retry_after` the quiet
-    /// periods are what can still refuse.
+    /// The first instant at or after `t` that no enforcing rule matching `message` that
+    /// refuses by the wall clock (quiet hours, send windows) keeps closed, in the message's
+    /// zone. Counting rules only free up as time passes (when nothing else is sent meanwhile),
+    /// so past the refusing rules' `retry_after` the closed periods are what can still refuse.
     fn admissible_after(
         policy: &Policy,
         message: &SendRequest,
         mut t: DateTime<Utc>,
     ) -> DateTime<Utc> {
         let zone = message.zone(policy.default_zone);
-        let quiet: Vec<_> = policy
+        let clock: Vec<&Kind> = policy
             .rules_for(message)
             .into_iter()
             .filter(|r| r.on_deny != OnDeny::Shadow)
-            .filter_map(|r| match &r.kind {
-                Kind::QuietHours(q) => Some(q),
-                _ => None,
-            })
+            .filter(|r| matches!(r.kind, Kind::QuietHours(_) | Kind::SendWindow(_)))
+            .map(|r| &r.kind)
             .collect();
-        // Each step leaves a quiet period; overlapping periods chain, a few at most.
-        for _ in 0..=quiet.len() {
-            let ends = quiet
-                .iter()
-                .filter_map(|q| crate::kinds::quiet_until(q, t, zone))
-                .max();
+        // Each step leaves a closed period; a quiet period and a send window can hand the
+        // message back and forth a few times at most.
+        for _ in 0..=2 * clock.len() {
+            let ends = clock.iter().filter_map(|k| k.closed_until(t, zone)).max();
             match ends {
                 Some(end) => t = end,
                 None => break,

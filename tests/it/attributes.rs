@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
-use support::{local, request, TempFile, TestEnv};
+use support::{local, request, TestEnv};
 
 /// At most one message per campaign to each recipient in 30 local days. A calendar quota, the
 /// kind the deny cache answers for, so a cached denial of one campaign would show as a refusal
@@ -222,29 +222,8 @@ async fn one_per_campaign_admits_each_campaigns_first_message_to_a_recipient() {
     }
     // `check` explains: campaign a is spent, c is not, and without a campaign the rule does
     // not apply.
-    let config = TempFile::new(&format!(
-        "[amqp]\nqueue_type = \"classic\"\n{ONE_PER_CAMPAIGN}"
-    ));
-    let check = |message: serde_json::Value| {
-        let out = env
-            .worker_command()
-            .args([
-                "--config",
-                config.path(),
-                "check",
-                "--at",
-                "2026-02-03T09:00:00Z",
-            ])
-            .args(["--message", &message.to_string()])
-            .output()
-            .expect("run check");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("check prints JSON")
-    };
+    let check =
+        |message: serde_json::Value| env.check(ONE_PER_CAMPAIGN, "2026-02-03T09:00:00Z", &message);
     let spent = check(campaign("a-9", "alice", "a"));
     assert_eq!(
         (spent["outcome"].as_str(), spent["rule"].as_str()),

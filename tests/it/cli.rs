@@ -123,6 +123,11 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
         "[[rules]]\nname = \"log\"\nkind = \"sliding_log\"\nsub_window = \"1m\"\n\
          policies = [{ limit = 3, window = \"10m\" }, { limit = 5, window = \"1h\" }]\n\
          [[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\"\n\
+         [[rules]]\nname = \"weekend-nights\"\nkind = \"quiet_hours\"\nstart = \"23:00\"\n\
+         end = \"09:00\"\ndays = [\"sat\", \"fri\"]\n\
+         [[rules]]\nname = \"business-hours\"\nkind = \"send_window\"\non_deny = \"delay\"\n\
+         windows = { tue = [\"09:00-17:30\"], mon = [\"13:00-17:30\", \"09:00-12:00\"], \
+         sat = [\"22:00-24:00\"], sun = [\"00:00-02:00\"] }\n\
          [[rules]]\nname = \"per-campaign\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"30d\"\n\
          scope = \"global\"\nper_attributes = [\"campaign\", \"step\"]\n",
     );
@@ -132,6 +137,24 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
         first
             .stdout
             .contains("per_attributes = [\"campaign\", \"step\"]"),
+        "{}",
+        first.stdout
+    );
+    // Days and windows come back in week order, days only where given.
+    for printed in [
+        "days = [\"fri\", \"sat\"]",
+        "mon = [\"09:00-12:00\", \"13:00-17:30\"]\ntue = [\"09:00-17:30\"]\nsat = \
+         [\"22:00-24:00\"]\nsun = [\"00:00-02:00\"]\n",
+    ] {
+        assert!(
+            first.stdout.contains(printed),
+            "{printed}: {}",
+            first.stdout
+        );
+    }
+    assert_eq!(
+        first.stdout.matches("days = ").count(),
+        1,
         "{}",
         first.stdout
     );
@@ -223,7 +246,7 @@ fn bad_config_files_exit_2_with_one_line_naming_the_problem() {
         refused("[[rules]]\nname = \"x\"\nkind = \"nope\"\n"),
         "sendquota: rule \"x\": unknown kind \"nope\" (known kinds: calendar_quota, \
          fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, \
-         zset_window, quiet_hours)\n"
+         zset_window, quiet_hours, send_window)\n"
     );
     let valid = "per_day = 1\nper_window = 3\nwindow_days = 7\n";
     assert_eq!(

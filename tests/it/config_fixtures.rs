@@ -27,7 +27,7 @@ macro_rules! refused {
 refused! {
     unknown_kind => "rule \"r\": unknown kind \"bogus_window\" (known kinds: calendar_quota, \
         fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, zset_window, \
-        quiet_hours)",
+        quiet_hours, send_window)",
     zero_window => "rule \"r\": window must be longer than zero, got \"0s\"",
     negative_window => "rule \"r\": window \"-5m\" is not a duration (a whole number followed by \
         ms, s, m, h or d)",
@@ -37,6 +37,12 @@ refused! {
     duplicate_rule_name => "duplicate rule name \"r\"",
     unknown_time_zone => "default_timezone: unknown time zone \"Mars/Olympus_Mons\"",
     quiet_hours_unparsable => "rule \"r\": start \"22h\" is not a time of day as HH:MM",
+    quiet_hours_day_twice => "rule \"r\": days lists \"fri\" twice",
+    send_window_overlapping => "rule \"r\": windows.mon entries \"09:00-12:00\" and \"11:30-17:30\" \
+        overlap",
+    send_window_past_midnight => "rule \"r\": windows.fri entry \"20:00-02:00\" does not end after it \
+        starts: a window ends on its own day, by 24:00 (run past midnight with \"22:00-24:00\" and \
+        \"00:00-02:00\" on the next day)",
     misspelt_parameter => "rule \"r\": unknown parameter `per_dya` for kind calendar_quota",
     sub_window_not_dividing_window => "rule \"r\": window (1m) is not a multiple of sub_window (7s)",
     unknown_on_deny => "config file FILE: line 4: unknown on_deny \"ignore\" (expected drop, delay \

@@ -179,19 +179,7 @@ async fn ten_copies_of_each_message_across_two_workers_are_dispatched_once_each(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Every copy has been decided once the requests and the shortest delay queue stay empty
-    // for longer than a copy's trip through the delay queue.
-    let delay = env
-        .names
-        .delay_queue(sendquota::internals::broker::DELAY_TIERS_MS[0]);
-    let mut quiet_since = Instant::now();
-    while quiet_since.elapsed() < Duration::from_millis(2_500) {
-        assert!(Instant::now() < deadline, "the copies were all decided");
-        if env.ready(&env.names.requests).await + env.ready(&delay).await > 0 {
-            quiet_since = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    env.copies_decided().await;
     for id in env.take_dispatched().await {
         *seen.entry(id).or_default() += 1;
     }

@@ -716,6 +716,12 @@ name = "night"
 kind = "quiet_hours"
 start = "22:00"
 end = "08:00"
+days = ["fri", "sat"]
+
+[[rules]]
+name = "business-hours"
+kind = "send_window"
+windows = { mon = ["09:00-12:00", "13:00-17:30"], sat = ["10:00-24:00"], sun = ["00:00-02:00"] }
 "#;
 
 fn no_env(_: &str) -> Option<String> {
@@ -768,6 +774,9 @@ fn toml_value() -> impl Strategy<Value = String> {
                 "gcra",
                 "zset_window",
                 "quiet_hours",
+                "send_window",
+                "fri",
+                "09:00-17:30",
                 "recipient",
                 "channel",
                 "category",

@@ -83,6 +83,8 @@ next_to_headline! {
     gcra_next_to_headline: "kind = \"gcra\"\nrate = 1\nperiod = \"1h\"\nburst = 1",
     zset_window_next_to_headline: "kind = \"zset_window\"\nlimit = 1\nwindow = \"1h\"",
     quiet_hours_next_to_headline: "kind = \"quiet_hours\"\nstart = \"10:00\"\nend = \"11:00\"",
+    // 2026-04-01 is a Wednesday.
+    send_window_next_to_headline: "kind = \"send_window\"\nwindows = { wed = [\"00:00-10:00\"] }",
 }
 
 #[tokio::test]

@@ -385,16 +385,42 @@ impl TestEnv {
     /// declared with (a declaration of another type would be refused). The file is removed with
     /// the environment.
     pub fn cli(&self, args: &[&str]) -> std::process::Command {
+        self.cli_with("", args)
+    }
+
+    /// [`TestEnv::cli`] with `config` (rules, say) added to the configuration file.
+    pub fn cli_with(&self, config: &str, args: &[&str]) -> std::process::Command {
         let queue_type = match self.settings.amqp.queue_type {
             sendquota::config::QueueType::Classic => "classic",
             sendquota::config::QueueType::Quorum => "quorum",
         };
-        let config = cli_config_path(&self.namespace);
-        std::fs::write(&config, format!("[amqp]\nqueue_type = \"{queue_type}\"\n"))
-            .expect("write the command's configuration");
+        let path = cli_config_path(&self.namespace);
+        std::fs::write(
+            &path,
+            format!("[amqp]\nqueue_type = \"{queue_type}\"\n{config}"),
+        )
+        .expect("write the command's configuration");
         let mut cmd = self.worker_command();
-        cmd.arg("--config").arg(&config).args(args);
+        cmd.arg("--config").arg(&path).args(args);
         cmd
+    }
+
+    /// What `sendquota check --at <at>` prints for `message` under the rules of `config`
+    /// (without committing), which must succeed.
+    pub fn check(&self, config: &str, at: &str, message: &serde_json::Value) -> serde_json::Value {
+        let out = self
+            .cli_with(
+                config,
+                &["check", "--at", at, "--message", &message.to_string()],
+            )
+            .output()
+            .expect("run check");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("check prints JSON")
     }
 
     /// Publishes a raw body to the requests exchange, as a producer would.
@@ -506,6 +532,22 @@ impl TestEnv {
             .fetch_one(&self.pool)
             .await
             .expect("count denials")
+    }
+
+    /// Waits until every copy of the messages published so far has been decided: nothing
+    /// waits in the requests queue or in the shortest delay queue (where a copy that found
+    /// another in flight waits its turn) for longer than a copy's trip through that queue.
+    pub async fn copies_decided(&self) {
+        let delay = self.names.delay_queue(DELAY_TIERS_MS[0]);
+        let deadline = Instant::now() + OUTCOME_TIMEOUT;
+        let mut idle_since = Instant::now();
+        while idle_since.elapsed() < Duration::from_millis(2_500) {
+            assert!(Instant::now() < deadline, "the copies were all decided");
+            if self.ready(&self.names.requests).await + self.ready(&delay).await > 0 {
+                idle_since = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits until message `id` has an outcome: dispatched (returns true) or denied (false).

@@ -91,6 +91,19 @@ impl LimiterHarness {
     }
 }
 
+/// The policy of configuration `toml`, built and validated as the worker builds it.
+pub fn policy(toml: &str) -> Policy {
+    sendquota::config::Settings::from_toml(toml, |_| None)
+        .unwrap_or_else(|e| panic!("config {toml:?} is valid: {e}"))
+        .policy
+}
+
+/// [`super::request`], decoded as the worker decodes it.
+pub fn decoded(id: &str, recipient: &str, zone: &str) -> SendRequest {
+    let body = super::request(id, recipient, zone).to_string();
+    SendRequest::decode(body.as_bytes(), 1 << 16).expect("valid request")
+}
+
 impl Drop for LimiterHarness {
     fn drop(&mut self) {
         let pattern = format!("{}:*", self.namespace);
