@@ -284,6 +284,7 @@ async fn denials(
         shadow: q.shadow,
         replayed: q.replayed,
         due_at: None,
+        live_at: None,
         after: q.after,
         limit,
     };
@@ -347,18 +348,12 @@ async fn check(
     };
     match state
         .limiter
-        .evaluate(&state.policy, &message, at, false)
+        .check_report(&state.policy, &message, at, false)
         .await
     {
-        Ok(evaluation) => Json(decision::explain_unmatched(
-            decision::report(
-                evaluation.verdicts(),
-                &evaluation.outcome(&state.policy, &message),
-            ),
-            &state.policy,
-            &message,
-        ))
-        .into_response(),
+        Ok(report) => {
+            Json(decision::explain_unmatched(report, &state.policy, &message)).into_response()
+        }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
