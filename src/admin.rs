@@ -286,6 +286,7 @@ async fn denials(
         shadow: q.shadow,
         replayed: q.replayed,
         due_at: None,
+        live_at: None,
         after: q.after,
         limit,
     };
@@ -349,13 +350,12 @@ async fn check(
     };
     let rules = state.reloader.rules().current();
     let policy = &rules.policy;
-    match state.limiter.evaluate(policy, &message, at, false).await {
-        Ok(evaluation) => Json(decision::explain_unmatched(
-            decision::report(evaluation.verdicts(), &evaluation.outcome(policy, &message)),
-            policy,
-            &message,
-        ))
-        .into_response(),
+    match state
+        .limiter
+        .check_report(policy, &message, at, false)
+        .await
+    {
+        Ok(report) => Json(decision::explain_unmatched(report, policy, &message)).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

@@ -43,6 +43,12 @@ pub const QUARANTINE_FIRST_ERROR_HEADER: &str = "x-sendquota-first-error";
 pub const QUARANTINE_LAST_ERROR_HEADER: &str = "x-sendquota-last-error";
 /// Header carrying the instant a delayed message waits for.
 pub const DELAYED_UNTIL_HEADER: &str = "x-sendquota-delayed-until";
+/// Header carrying when the worker first received a message it republishes (see
+/// [`crate::deadline::Receipt`]): a delay rule's `max_delay` counts from it.
+pub const FIRST_RECEIVED_HEADER: &str = "x-sendquota-first-received";
+/// Header carrying the deadline delay rules' `max_delay` set for a message so far, or that a
+/// replay's denial row kept (see [`crate::deadline`]).
+pub const DEADLINE_HEADER: &str = "x-sendquota-deadline";
 
 /// Delay queue TTLs in milliseconds. A message waiting W goes to the longest tier not above W
 /// and comes back to be decided again, so it overshoots by at most the shortest tier.

@@ -494,18 +494,10 @@ async fn check(
     let redis = RedisConn::connect(&settings.redis)
         .await
         .map_err(|e| service("redis")(&e))?;
-    let evaluation = Limiter::new(redis, &settings.namespace)
-        .evaluate(&settings.policy, &request, now, commit)
+    let out = Limiter::new(redis, &settings.namespace)
+        .check_report(&settings.policy, &request, now, commit)
         .await
         .map_err(|e| service("redis")(&e))?;
-    let out = if evaluation.dispatched() {
-        decision::duplicate_report()
-    } else {
-        decision::report(
-            evaluation.verdicts(),
-            &evaluation.outcome(&settings.policy, &request),
-        )
-    };
     let out = decision::explain_unmatched(out, &settings.policy, &request);
     println!("{out}");
     Ok(())
@@ -703,6 +695,7 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
     }
     let filter = DenialFilter {
         due_at: args.due.then_some(now),
+        live_at: Some(now),
         ..args.filter.filter(now)?
     };
     let store = connect_store(settings).await?;
@@ -712,8 +705,18 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
             .replayable(&filter, limit)
             .await
             .map_err(|e| service("postgres")(&e))?;
+        let past_deadline = store
+            .past_deadline(&filter, now)
+            .await
+            .map_err(|e| service("postgres")(&e))?;
         print_denials(&rows, Format::Table)?;
         println!("dry run: would replay {} denials", rows.len());
+        if past_deadline > 0 {
+            println!(
+                "dry run: skipped {past_deadline} denials whose message is past its deadline \
+                 (expires_at)"
+            );
+        }
         return Ok(());
     }
     let names = Names::new(&settings.namespace);
@@ -800,6 +803,8 @@ fn row_cells(d: &Denial) -> [String; 9] {
         d.category.clone(),
         if d.shadow {
             format!("{} (shadow)", d.rule)
+        } else if d.reason == crate::deadline::EXPIRED_REASON {
+            format!("{} (expired)", d.rule)
         } else {
             d.rule.clone()
         },

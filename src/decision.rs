@@ -101,6 +101,18 @@ pub fn explain_unmatched(
     report
 }
 
+/// `report` with the message's `deadline` (see [`crate::deadline`]), when it has one: the
+/// instant past which it is not sent, which `check` shows beside an outcome `expired`.
+pub fn explain_deadline(
+    mut report: serde_json::Value,
+    deadline: Option<DateTime<Utc>>,
+) -> serde_json::Value {
+    if let Some(deadline) = deadline {
+        report["deadline"] = rfc3339(deadline).into();
+    }
+    report
+}
+
 /// Each rule's verdict as [`report`] lists it: also what the quota route shows.
 pub fn rules_report(verdicts: &[Verdict]) -> serde_json::Value {
     verdicts

@@ -57,6 +57,17 @@ impl DispatchMarks {
         }
     }
 
+    /// Whether `message` holds an unexpired dispatch mark at `now` ([`is_marked`]): for a
+    /// message decided without a script call (past its deadline), whose copy may have been
+    /// sent before.
+    pub async fn is_marked(
+        &self,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+    ) -> redis::RedisResult<bool> {
+        is_marked(&self.conn, &self.namespace, message, now).await
+    }
+
     /// Records that `message_id`, for `recipient`, was dispatched at `now`, and drops its
     /// in-flight claim ([`crate::claim`]); the set lives as long as its newest mark. Every
     /// [`PRUNE_EVERY`]th mark also drops expired marks.

@@ -14,6 +14,7 @@
 //!                 (keys: every Redis name; claim: one delivery of an id at a time;
 //!                 dedup: dispatch marks; deny_cache: full recipients answered from memory)
 //!   -> decision   pure: every rule's verdict -> allow / deny / delay / shadow
+//!                 (deadline: a message past its deadline -> expired, never sent)
 //!   -> pipeline   make the outcome durable: dispatch publish and mark, denial row
 //!                 (denials), delay queue, invalid queue, quarantine
 //!   -> outcome    what it came to, and after a failure: retry or quarantine
@@ -44,6 +45,7 @@ mod admin;
 mod attributes;
 mod broker;
 mod claim;
+mod deadline;
 mod decision;
 mod dedup;
 mod denials;
@@ -90,6 +92,10 @@ pub mod internals {
     /// The crate's `claim` module.
     pub mod claim {
         pub use crate::claim::*;
+    }
+    /// The crate's `deadline` module.
+    pub mod deadline {
+        pub use crate::deadline::*;
     }
     /// The crate's `decision` module.
     pub mod decision {

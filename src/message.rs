@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -138,6 +139,15 @@ pub enum InvalidMessage {
     /// The attributes break a limit of [`crate::attributes`]; names the key at fault.
     #[error("field `attributes`: {0}")]
     Attribute(AttributeError),
+    /// `expires_at` is not an RFC 3339 instant with an offset, or lies outside the supported
+    /// instants ([`crate::clock::in_range`]).
+    #[error("field `expires_at` {fault}, got {got}")]
+    BadExpiresAt {
+        /// The text as written (its start, when long).
+        got: String,
+        /// Which rule it breaks ([`ExpiresAt::NOT_RFC3339`] or [`ExpiresAt::OUT_OF_RANGE`]).
+        fault: &'static str,
+    },
 }
 
 /// What a channel or category name is, as reasons and docs state it.
@@ -254,6 +264,51 @@ pub struct SendRequest {
     /// What the producer says the message belongs to (campaign, workflow...): rules can count
     /// per attribute value (`per_attributes`); empty when absent.
     pub attributes: Attributes,
+    /// The instant past which the message must not be sent (a one-time code, a reminder of an
+    /// event that has begun); `None` when absent or `null`. See [`crate::deadline`].
+    pub expires_at: Option<ExpiresAt>,
+}
+
+/// A request's `expires_at`: the instant, and the text the producer wrote, kept so the stored
+/// form of a request is never longer than its original (a replay of a request accepted at the
+/// size limit still fits) and reads back equal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiresAt {
+    at: DateTime<Utc>,
+    text: String,
+}
+
+impl ExpiresAt {
+    /// Why a text that is no RFC 3339 instant is refused.
+    pub const NOT_RFC3339: &'static str =
+        "must be an RFC 3339 instant with an offset, such as 2026-05-01T09:00:00Z";
+    /// Why an instant outside the supported ones is refused: deadlines are compared with the
+    /// worker's clock and stored, which hold only those.
+    pub const OUT_OF_RANGE: &'static str = "must lie from 1970-01-01T00:00:00Z up to (not \
+        including) 9000-01-01T00:00:00Z";
+
+    /// Parses `text` as the worker takes it: RFC 3339 with an offset, inside the supported
+    /// instants; otherwise which of the two it breaks.
+    pub fn parse(text: &str) -> Result<ExpiresAt, &'static str> {
+        let at = DateTime::parse_from_rfc3339(text)
+            .map_err(|_| ExpiresAt::NOT_RFC3339)?
+            .with_timezone(&Utc);
+        crate::clock::in_range(at).map_err(|_| ExpiresAt::OUT_OF_RANGE)?;
+        Ok(ExpiresAt {
+            at,
+            text: text.to_owned(),
+        })
+    }
+
+    /// The instant.
+    pub fn at(&self) -> DateTime<Utc> {
+        self.at
+    }
+
+    /// The text as the producer wrote it.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
 }
 
 /// A request's payload, kept as the JSON text the producer wrote. Dispatch publishes the
@@ -309,6 +364,8 @@ struct Stored<'a> {
     payload: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     attributes: Option<&'a Attributes>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<&'a str>,
 }
 
 /// The wire shape: each field's JSON text, borrowed from the body, read by [`SendRequest::decode`]
@@ -334,6 +391,9 @@ struct Wire<'a> {
     // (which would take the fields in order from it) to the object check's clearer reason.
     #[serde(default)]
     attributes: Option<&'a RawValue>,
+    // Defaulted as `attributes` is, for the same reason.
+    #[serde(default)]
+    expires_at: Option<&'a RawValue>,
 }
 
 impl SendRequest {
@@ -387,6 +447,17 @@ impl SendRequest {
             Some(raw) => Attributes::decode(raw.get())?,
             None => Attributes::default(),
         };
+        let expires_at = match text("expires_at", wire.expires_at)? {
+            Some(at) => {
+                Some(
+                    ExpiresAt::parse(&at).map_err(|fault| InvalidMessage::BadExpiresAt {
+                        got: format!("{:?}", echo(&at)),
+                        fault,
+                    })?,
+                )
+            }
+            None => None,
+        };
         Ok(SendRequest {
             id,
             recipient,
@@ -396,6 +467,7 @@ impl SendRequest {
             cost,
             payload: wire.payload.map(Payload),
             attributes,
+            expires_at,
         })
     }
 
@@ -424,6 +496,7 @@ impl SendRequest {
             cost: Some(self.cost).filter(|c| *c != 1),
             payload: self.payload.as_ref().map(|p| p.0.as_ref()),
             attributes: Some(&self.attributes).filter(|a| !a.is_empty()),
+            expires_at: self.expires_at.as_ref().map(ExpiresAt::text),
         }
     }
 
@@ -1152,6 +1225,78 @@ mod tests {
                 r#"field `attributes`: value of key "a" must be a string, got a number"#.to_owned()
             )
         );
+    }
+
+    #[test]
+    fn expires_at_is_an_rfc3339_instant_with_an_offset_in_the_supported_range() {
+        let with = |expires_at: &str| {
+            decode(&format!(
+                r#"{{"id":"m","recipient":"u","channel":"sms","expires_at":{expires_at}}}"#
+            ))
+        };
+        for (text, instant) in [
+            ("2026-05-01T09:00:00Z", "2026-05-01T09:00:00Z"),
+            ("2026-05-01T11:00:00+02:00", "2026-05-01T09:00:00Z"),
+            ("2026-05-01t09:00:00.5z", "2026-05-01T09:00:00.500Z"),
+            ("2026-05-01 09:00:00-00:00", "2026-05-01T09:00:00Z"),
+            ("1970-01-01T00:00:00Z", "1970-01-01T00:00:00Z"),
+            ("8999-12-31T23:59:59.999Z", "8999-12-31T23:59:59.999Z"),
+        ] {
+            let m = with(&format!("{text:?}")).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let expires_at = m.expires_at.clone().expect("an expires_at");
+            assert_eq!(
+                expires_at.at(),
+                instant.parse::<DateTime<Utc>>().unwrap(),
+                "{text}"
+            );
+            assert_eq!(
+                m.to_json()["expires_at"],
+                serde_json::Value::from(text),
+                "kept as written"
+            );
+            assert_eq!(decode(&m.to_json_text()), Ok(m.clone()), "{text}");
+        }
+        assert_eq!(with("null").map(|m| m.expires_at), Ok(None));
+        let not_rfc3339 =
+            "must be an RFC 3339 instant with an offset, such as 2026-05-01T09:00:00Z";
+        let out_of_range =
+            "must lie from 1970-01-01T00:00:00Z up to (not including) 9000-01-01T00:00:00Z";
+        for (json, reason) in [
+            (
+                r#""2026-05-01T09:00:00""#,
+                format!("{not_rfc3339}, got \"2026-05-01T09:00:00\""),
+            ),
+            (
+                r#""2026-05-01""#,
+                format!("{not_rfc3339}, got \"2026-05-01\""),
+            ),
+            (
+                r#""2026-02-30T09:00:00Z""#,
+                format!("{not_rfc3339}, got \"2026-02-30T09:00:00Z\""),
+            ),
+            (r#""tomorrow""#, format!("{not_rfc3339}, got \"tomorrow\"")),
+            (r#""""#, format!("{not_rfc3339}, got \"\"")),
+            (
+                r#""1969-12-31T23:59:59Z""#,
+                format!("{out_of_range}, got \"1969-12-31T23:59:59Z\""),
+            ),
+            (
+                r#""1970-01-01T00:30:00+01:00""#,
+                format!("{out_of_range}, got \"1970-01-01T00:30:00+01:00\""),
+            ),
+            (
+                r#""9000-01-01T00:00:00Z""#,
+                format!("{out_of_range}, got \"9000-01-01T00:00:00Z\""),
+            ),
+            (r#""a\nb""#, format!("{not_rfc3339}, got \"a\\\\nb\"")),
+            ("1777626000", "must be a string, got a number".to_owned()),
+        ] {
+            assert_eq!(
+                with(json).map_err(|e| e.to_string()),
+                Err(format!("field `expires_at` {reason}")),
+                "{json}"
+            );
+        }
     }
 
     #[test]

@@ -27,11 +27,14 @@ pub enum OutcomeName {
     InFlight,
     /// Not a valid request: sent to the invalid queue.
     Invalid,
+    /// Past its deadline, or held by a delay past it: recorded as a denial (reason
+    /// `expired`) and never sent. See [`crate::deadline`].
+    Expired,
 }
 
 impl OutcomeName {
     /// Every outcome, for registering one metric series each.
-    pub const ALL: [OutcomeName; 7] = [
+    pub const ALL: [OutcomeName; 8] = [
         OutcomeName::Allow,
         OutcomeName::Deny,
         OutcomeName::Delay,
@@ -39,6 +42,7 @@ impl OutcomeName {
         OutcomeName::Duplicate,
         OutcomeName::InFlight,
         OutcomeName::Invalid,
+        OutcomeName::Expired,
     ];
 
     /// The outcome's place in [`OutcomeName::ALL`].
@@ -56,6 +60,7 @@ impl OutcomeName {
             OutcomeName::Duplicate => "duplicate",
             OutcomeName::InFlight => "in_flight",
             OutcomeName::Invalid => "invalid",
+            OutcomeName::Expired => "expired",
         }
     }
 }
@@ -83,6 +88,15 @@ pub enum Outcome {
         /// When to decide again.
         until: DateTime<Utc>,
     },
+    /// Past its deadline, or refused by delay rules until after it: record it as expired and
+    /// never send it (made by [`crate::deadline`]).
+    Expired {
+        /// The delay rule whose wait would outlast the deadline; `None` when the deadline had
+        /// passed before any rule was asked.
+        rule: Option<Verdict>,
+        /// The deadline it reached or would pass.
+        deadline: DateTime<Utc>,
+    },
 }
 
 impl Outcome {
@@ -100,7 +114,7 @@ impl Outcome {
                 rule,
                 until: admissible(until),
             },
-            allow => allow,
+            other => other,
         }
     }
 
@@ -111,6 +125,7 @@ impl Outcome {
             Outcome::Allow { .. } => OutcomeName::Shadow,
             Outcome::Deny { .. } => OutcomeName::Deny,
             Outcome::Delay { .. } => OutcomeName::Delay,
+            Outcome::Expired { .. } => OutcomeName::Expired,
         }
     }
 
@@ -119,13 +134,14 @@ impl Outcome {
         match self {
             Outcome::Allow { shadow_refusals } => shadow_refusals.first(),
             Outcome::Deny { rule, .. } | Outcome::Delay { rule, .. } => Some(rule),
+            Outcome::Expired { rule, .. } => rule.as_ref(),
         }
     }
 
     /// When the message could go out, for outcomes that hold it back.
     pub fn retry_after(&self) -> Option<DateTime<Utc>> {
         match self {
-            Outcome::Allow { .. } => None,
+            Outcome::Allow { .. } | Outcome::Expired { .. } => None,
             Outcome::Deny { retry_after, .. } => *retry_after,
             Outcome::Delay { until, .. } => Some(*until),
         }
@@ -152,6 +168,13 @@ pub enum Handled {
         /// The refusing delay rule that allows last.
         rule: String,
     },
+    /// Past its deadline (see [`crate::deadline`]): recorded as a denial with reason
+    /// `expired` under `rule`, not sent.
+    Expired {
+        /// The rule the row is recorded under ([`crate::deadline::DEADLINE_RULE`] when no rule
+        /// held it).
+        rule: String,
+    },
     /// Not a valid request; sent to the invalid queue.
     Invalid {
         /// Why.
@@ -173,6 +196,7 @@ impl Handled {
             Handled::Denied { .. } => OutcomeName::Deny,
             Handled::Delayed { .. } => OutcomeName::Delay,
             Handled::Invalid { .. } => OutcomeName::Invalid,
+            Handled::Expired { .. } => OutcomeName::Expired,
             Handled::Duplicate => OutcomeName::Duplicate,
             Handled::InFlight => OutcomeName::InFlight,
         }
@@ -182,7 +206,9 @@ impl Handled {
     /// shadow rules that would have refused a dispatch; none for the other outcomes.
     pub fn rules(&self) -> &[String] {
         match self {
-            Handled::Denied { rule } | Handled::Delayed { rule, .. } => std::slice::from_ref(rule),
+            Handled::Denied { rule }
+            | Handled::Delayed { rule, .. }
+            | Handled::Expired { rule } => std::slice::from_ref(rule),
             Handled::Dispatched { shadow } => shadow,
             Handled::Invalid { .. } | Handled::Duplicate | Handled::InFlight => &[],
         }

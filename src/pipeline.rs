@@ -15,6 +15,7 @@ use lapin::BasicProperties;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::clock::Clock;
+use crate::deadline::{self, Receipt};
 use crate::decision::Verdict;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter};
@@ -142,6 +143,17 @@ impl Pipeline {
         let now = self.clock.now();
         let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
             .and_then(|v| v.parse::<i64>().ok());
+        let receipt = Receipt::from_headers(properties, now);
+        if let Some(Outcome::Expired { deadline, .. }) =
+            deadline::before_decision(message, &receipt, now)
+        {
+            // Past its deadline: no rule is asked, so no quota is taken and no claim held.
+            place.leave();
+            if self.marks.is_marked(message, now).await? {
+                return Ok(Handled::Duplicate);
+            }
+            return self.expire(message, None, deadline, now, replay_of).await;
+        }
         let started = Instant::now();
         let evaluation = self
             .limiter
@@ -164,6 +176,7 @@ impl Pipeline {
             now,
             replay_of,
             metrics: &rules.metrics,
+            receipt,
         };
         let verdicts = match &evaluation {
             Evaluation::Decided { verdicts, .. } => verdicts,
@@ -173,17 +186,53 @@ impl Pipeline {
         for v in verdicts {
             rules.metrics.verdict(&v.rule, v.allowed);
         }
-        match evaluation.outcome(&rules.policy, message) {
+        let deadline = receipt.deadline_after(message, &rules.policy, verdicts);
+        match evaluation.outcome(&rules.policy, message, &receipt) {
             Outcome::Allow { shadow_refusals } => {
-                self.dispatch(&decoded, claim, shadow_refusals).await
+                self.dispatch(&decoded, claim, shadow_refusals, deadline)
+                    .await
             }
             Outcome::Deny { rule, retry_after } => {
-                self.record(message, &rule, false, retry_after, now, replay_of)
-                    .await?;
+                let refusal = Refusal {
+                    retry_after,
+                    expires_at: deadline,
+                    ..Refusal::of(&rule)
+                };
+                self.record(message, refusal, now, replay_of).await?;
                 Ok(Handled::Denied { rule: rule.rule })
             }
-            Outcome::Delay { until, rule } => self.delay(&decoded, until, rule.rule).await,
+            Outcome::Delay { until, rule } => {
+                self.delay(&decoded, until, rule.rule, deadline).await
+            }
+            Outcome::Expired { rule, deadline } => {
+                self.expire(message, rule.as_ref(), deadline, now, replay_of)
+                    .await
+            }
         }
+    }
+
+    /// Records a message past its deadline, or that `rule` would hold past it, as a denial with
+    /// reason `expired` (under [`deadline::DEADLINE_RULE`] when no rule held it); it is never
+    /// sent.
+    async fn expire(
+        &self,
+        message: &SendRequest,
+        rule: Option<&Verdict>,
+        deadline: DateTime<Utc>,
+        now: DateTime<Utc>,
+        replay_of: Option<i64>,
+    ) -> Result<Handled, HandleError> {
+        let refusal = Refusal {
+            rule: rule.map_or(deadline::DEADLINE_RULE, |v| &v.rule),
+            kind: rule.map_or(deadline::DEADLINE_RULE, |v| v.kind),
+            reason: deadline::EXPIRED_REASON,
+            shadow: false,
+            retry_after: None,
+            expires_at: Some(deadline),
+        };
+        let rule = refusal.rule.to_owned();
+        self.record(message, refusal, now, replay_of).await?;
+        Ok(Handled::Expired { rule })
     }
 
     /// Routes a body that is not a valid request to the invalid queue, with why.
@@ -220,19 +269,18 @@ impl Pipeline {
         decoded: &Decoded<'_>,
         claim: &Claim,
         shadow_refusals: Vec<Verdict>,
+        deadline: Option<DateTime<Utc>>,
     ) -> Result<Handled, HandleError> {
         let message = decoded.message;
         let work = async {
             for verdict in &shadow_refusals {
-                self.record(
-                    message,
-                    verdict,
-                    true,
-                    verdict.retry_after,
-                    decoded.now,
-                    decoded.replay_of,
-                )
-                .await?;
+                let refusal = Refusal {
+                    shadow: true,
+                    expires_at: deadline,
+                    ..Refusal::of(verdict)
+                };
+                self.record(message, refusal, decoded.now, decoded.replay_of)
+                    .await?;
             }
             // An allowed outcome of a committing decision: the limiter has committed it.
             if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit) {
@@ -264,18 +312,26 @@ impl Pipeline {
     }
 
     /// Parks a message only `delay` rules refused in the delay queue that returns it about
-    /// `until`.
+    /// `until`, with its `deadline` (which it does not reach before `until`: see
+    /// [`deadline::enforce`]) for when it comes back.
     async fn delay(
         &self,
         decoded: &Decoded<'_>,
         until: DateTime<Utc>,
         rule: String,
+        deadline: Option<DateTime<Utc>>,
     ) -> Result<Handled, HandleError> {
         let queue = self
             .names
             .delay_queue(broker::delay_tier(decoded.now, until));
         let delayed_until = (broker::DELAYED_UNTIL_HEADER, until.to_rfc3339());
-        decoded.publish("", &queue, &[delayed_until]).await?;
+        let held = Receipt {
+            held_until: deadline,
+            ..decoded.receipt
+        };
+        decoded
+            .publish_with("", &queue, &[delayed_until], &held)
+            .await?;
         metrics::counter!(telemetry::DELAYED).increment(1);
         Ok(Handled::Delayed { until, rule })
     }
@@ -343,7 +399,8 @@ impl Pipeline {
         wait: std::time::Duration,
     ) -> Result<(), HandleError> {
         let id = properties.message_id().as_ref().map(|s| s.as_str());
-        let headers: Vec<_> = broker::replay_header(properties).into_iter().collect();
+        let mut headers: Vec<_> = broker::replay_header(properties).into_iter().collect();
+        headers.extend(Receipt::carried(properties));
         let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let queue = self.names.delay_queue(broker::delay_tier_for(wait_ms));
         publisher
@@ -366,21 +423,20 @@ impl Pipeline {
     async fn record(
         &self,
         message: &SendRequest,
-        verdict: &Verdict,
-        shadow: bool,
-        retry_after: Option<DateTime<Utc>>,
+        refusal: Refusal<'_>,
         now: DateTime<Utc>,
         replay_of: Option<i64>,
     ) -> Result<(), DenialError> {
         let started = Instant::now();
         self.denials
             .write(DenialRow {
-                rule: verdict.rule.clone(),
-                kind: verdict.kind.to_owned(),
-                reason: verdict.reason.clone(),
-                shadow,
-                retry_after,
+                rule: refusal.rule.to_owned(),
+                kind: refusal.kind.to_owned(),
+                reason: refusal.reason.to_owned(),
+                shadow: refusal.shadow,
+                retry_after: refusal.retry_after,
                 replay_of,
+                expires_at: refusal.expires_at,
                 ..DenialRow::for_message(message, now)
             })
             .await?;
@@ -394,6 +450,31 @@ impl Pipeline {
     }
 }
 
+/// What a denial row records of a refusal: the rule's, or an expiry's.
+struct Refusal<'a> {
+    rule: &'a str,
+    kind: &'a str,
+    reason: &'a str,
+    shadow: bool,
+    retry_after: Option<DateTime<Utc>>,
+    /// The message's deadline.
+    expires_at: Option<DateTime<Utc>>,
+}
+
+impl<'a> Refusal<'a> {
+    /// `verdict`'s refusal, not in shadow, with its own `retry_after` and no deadline.
+    fn of(verdict: &'a Verdict) -> Refusal<'a> {
+        Refusal {
+            rule: &verdict.rule,
+            kind: verdict.kind,
+            reason: &verdict.reason,
+            shadow: false,
+            retry_after: verdict.retry_after,
+            expires_at: None,
+        }
+    }
+}
+
 /// A decoded delivery on its way to an outcome, with what republishing it needs.
 struct Decoded<'a> {
     publisher: &'a Publisher,
@@ -404,21 +485,37 @@ struct Decoded<'a> {
     replay_of: Option<i64>,
     /// The metric handles of the rules it was decided under.
     metrics: &'a telemetry::MessageMetrics,
+    /// When the worker first received the message and the deadline set so far, carried on
+    /// whenever it is republished.
+    receipt: Receipt,
 }
 
 impl Decoded<'_> {
-    /// Republishes the body to `queue` through `exchange` with `headers`, its id and the
-    /// replay it belongs to kept.
+    /// Republishes the body to `queue` through `exchange` with `headers`, its id, the replay
+    /// it belongs to and its receipt kept.
     async fn publish(
         &self,
         exchange: &str,
         queue: &str,
         headers: &[(&'static str, String)],
     ) -> Result<(), BrokerError> {
+        self.publish_with(exchange, queue, headers, &self.receipt)
+            .await
+    }
+
+    /// [`Decoded::publish`] with `receipt` in place of the delivery's own.
+    async fn publish_with(
+        &self,
+        exchange: &str,
+        queue: &str,
+        headers: &[(&'static str, String)],
+        receipt: &Receipt,
+    ) -> Result<(), BrokerError> {
         let mut headers = headers.to_vec();
         if let Some(denial) = self.replay_of {
             headers.push((broker::REPLAY_OF_HEADER, denial.to_string()));
         }
+        headers.extend(receipt.headers());
         let props = broker::json_properties(Some(&self.message.id), &headers);
         self.publisher
             .publish(exchange, queue, self.body, props)

@@ -20,7 +20,8 @@ use crate::denials::{DenialError, DenialFilter, DenialStore};
 /// What to replay and how fast.
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
-    /// Which denials (shadow and already-replayed ones are never replayed).
+    /// Which denials (shadow and already-replayed ones are never replayed; set `live_at` to
+    /// skip those past their deadline).
     pub filter: DenialFilter,
     /// At most this many.
     pub limit: Option<usize>,
@@ -85,10 +86,17 @@ pub async fn replay(
                 tokio::time::sleep_until(due.into()).await;
             }
             let body = denial.message.text().as_bytes().to_vec();
-            let properties = broker::json_properties(
-                Some(&denial.message_id),
-                &[(broker::REPLAY_OF_HEADER, denial.id.to_string())],
-            );
+            // The deadline goes with the message: the worker records it as expired should it
+            // arrive past it (its expires_at is in the body; a max_delay's is not).
+            let deadline = denial.expires_at.map(|at| {
+                (
+                    broker::DEADLINE_HEADER,
+                    at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                )
+            });
+            let mut headers = vec![(broker::REPLAY_OF_HEADER, denial.id.to_string())];
+            headers.extend(deadline);
+            let properties = broker::json_properties(Some(&denial.message_id), &headers);
             confirms.push(async move {
                 publisher
                     .publish(&names.requests, "", &body, properties)

@@ -96,6 +96,16 @@ pub fn request_schema(max_body_bytes: usize) -> Value {
         }),
     );
     properties.insert(
+        "expires_at".into(),
+        json!({
+            "description": "The instant past which the message must not be sent, in RFC 3339 \
+                with an offset (`2026-05-01T09:00:00Z`, `2026-05-01T11:00:00+02:00`), from \
+                1970-01-01T00:00:00Z up to (not including) 9000-01-01T00:00:00Z. A message \
+                past it is recorded as a denial with reason `expired` and not sent.",
+            "type": ["string", "null"], "format": "date-time", "pattern": EXPIRES_AT_PATTERN,
+        }),
+    );
+    properties.insert(
         "payload".into(),
         json!({
             "description": format!(
@@ -120,6 +130,11 @@ pub fn request_schema(max_body_bytes: usize) -> Value {
         "properties": properties,
     })
 }
+
+/// The shape of an RFC 3339 instant with an offset, in the years the worker takes (the
+/// `date-time` format is only an annotation to most validators). It cannot say which days a
+/// month has, nor that an offset moves the first instants of 1970 into 1969.
+const EXPIRES_AT_PATTERN: &str = r"^(19[7-9][0-9]|[2-8][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$";
 
 /// The pattern of ids and recipients: no control character and no format character or
 /// separator the worker refuses, as an ECMA-262 character class of the Basic Multilingual

@@ -113,12 +113,15 @@ pub struct DenialRow {
     pub denied_at: DateTime<Utc>,
     /// The denial a replayed message came from, if it is a replay.
     pub replay_of: Option<i64>,
+    /// The message's deadline (see [`crate::deadline`]): `replay` skips the row once it has
+    /// passed. `None` for a message without one.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 impl DenialRow {
     /// A row for `message` denied at `denied_at`, taking the message's fields; the caller sets
     /// the refusal's (rule, kind, reason, shadow, retry_after, replay_of) with struct update
-    /// syntax, the others left empty here cost no allocation.
+    /// syntax (and the deadline, `expires_at`), the others left empty here cost no allocation.
     pub fn for_message(message: &SendRequest, denied_at: DateTime<Utc>) -> DenialRow {
         DenialRow {
             message_id: message.id.clone(),
@@ -133,6 +136,7 @@ impl DenialRow {
             message: message.to_json_text().into(),
             denied_at,
             replay_of: None,
+            expires_at: None,
         }
     }
 }
@@ -212,6 +216,7 @@ impl Denial {
             retry_after: self.retry_after.map(rfc3339),
             replayed_at: self.replayed_at.map(rfc3339),
             replay_of: self.replay_of,
+            expires_at: self.expires_at.map(rfc3339),
             message: &self.message,
         }
     }
@@ -234,6 +239,7 @@ pub struct DenialJson<'a> {
     retry_after: Option<String>,
     replayed_at: Option<String>,
     replay_of: Option<i64>,
+    expires_at: Option<String>,
     message: &'a StoredMessage,
 }
 
@@ -400,6 +406,25 @@ impl DenialStore {
         filter.push_conditions(&mut q);
         q.push(" ORDER BY id LIMIT ").push_bind(limit.max(1));
         Ok(q.build_query_as().fetch_all(&self.pool).await?)
+    }
+
+    /// How many unreplayed, non-shadow denials matching `filter` (its `live_at` aside) a replay
+    /// at `now` skips because their message's deadline has passed: what a dry run reports.
+    pub async fn past_deadline(
+        &self,
+        filter: &DenialFilter,
+        now: DateTime<Utc>,
+    ) -> Result<i64, DenialError> {
+        let mut q = sqlx::QueryBuilder::new(
+            "SELECT count(*) FROM denials WHERE replayed_at IS NULL AND NOT shadow",
+        );
+        let filter = DenialFilter {
+            live_at: None,
+            ..filter.clone()
+        };
+        filter.push_conditions(&mut q);
+        q.push(" AND expires_at <= ").push_bind(now);
+        Ok(q.build_query_scalar().fetch_one(&self.pool).await?)
     }
 
     /// Drops every monthly partition that ends on or before `cutoff`, and forgets the events

@@ -28,6 +28,9 @@ pub struct DenialFilter {
     pub replayed: Option<bool>,
     /// Only denials whose retry_after has passed at this instant (replay `--due`).
     pub due_at: Option<DateTime<Utc>>,
+    /// Only denials whose message's deadline (`expires_at`) has not passed at this instant, or
+    /// that have none: what a replay may still send.
+    pub live_at: Option<DateTime<Utc>>,
     /// Rows with an id below this one (the last id of the previous page).
     pub after: Option<i64>,
     /// Page size.
@@ -80,6 +83,11 @@ impl DenialFilter {
         };
         if let Some(due) = self.due_at {
             q.push(" AND retry_after <= ").push_bind(due);
+        }
+        if let Some(live) = self.live_at {
+            q.push(" AND (expires_at IS NULL OR expires_at > ")
+                .push_bind(live)
+                .push(")");
         }
     }
 }

@@ -15,6 +15,7 @@ use chrono_tz::Tz;
 
 use crate::attributes::Attributes;
 use crate::claim::Claim;
+use crate::deadline::{self, Receipt};
 use crate::decision::{self, Verdict};
 use crate::dedup;
 use crate::deny_cache::{self, DenyCache};
@@ -175,6 +176,37 @@ impl Limiter {
         commit: bool,
     ) -> Result<Evaluation, LimiterError> {
         self.decide(policy, message, now, commit, None).await
+    }
+
+    /// What `check` and `POST /v1/check` print for `message` decided at `now` (committed with
+    /// `commit`), as the worker would decide a message it receives at `now`: one already past
+    /// its deadline is not evaluated (nothing is read or taken; outcome `expired`), and the
+    /// report carries the message's `deadline` when it has one.
+    pub async fn check_report(
+        &self,
+        policy: &Policy,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        commit: bool,
+    ) -> Result<serde_json::Value, LimiterError> {
+        let receipt = Receipt::new(now);
+        let (report, deadline) = match deadline::before_decision(message, &receipt, now) {
+            Some(expired) => (decision::report(&[], &expired), receipt.deadline(message)),
+            None => {
+                let evaluation = self.evaluate(policy, message, now, commit).await?;
+                let report = if evaluation.dispatched() {
+                    decision::duplicate_report()
+                } else {
+                    decision::report(
+                        evaluation.verdicts(),
+                        &evaluation.outcome(policy, message, &receipt),
+                    )
+                };
+                let verdicts = evaluation.verdicts();
+                (report, receipt.deadline_after(message, policy, verdicts))
+            }
+        };
+        Ok(decision::explain_deadline(report, deadline))
     }
 
     /// Decides and commits `message` as [`Limiter::evaluate`] does, for the delivery holding
@@ -540,6 +572,7 @@ impl Limiter {
             cost: 1,
             payload: None,
             attributes: attributes.clone(),
+            expires_at: None,
         };
         // The probe's channel and category may be "*": the peeked rules match it whatever
         // their filters, having been chosen by them already.
@@ -706,11 +739,17 @@ struct ScopesRun<'r> {
 impl Evaluation {
     /// What happens to `message`: [`decision::decide`] on these verdicts, with a denial's
     /// `retry_after` and a delay's end moved past the quiet periods of the quiet-hours rules
-    /// matching it (a rule that admits now can refuse then). The one way an outcome is made,
-    /// so the worker, `check` and `POST /v1/check` cannot tell a message different instants.
-    pub fn outcome(&self, policy: &Policy, message: &SendRequest) -> Outcome {
-        decision::decide(self.verdicts())
-            .postponed(|t| Limiter::admissible_after(policy, message, t))
+    /// matching it (a rule that admits now can refuse then), and a delay that would outlast
+    /// the message's deadline (from `receipt`) made [`Outcome::Expired`]. The one way an
+    /// outcome is made, so the worker, `check` and `POST /v1/check` cannot tell a message
+    /// different instants.
+    pub fn outcome(&self, policy: &Policy, message: &SendRequest, receipt: &Receipt) -> Outcome {
+        let outcome = decision::decide(self.verdicts())
+            .postponed(|t| Limiter::admissible_after(policy, message, t));
+        deadline::enforce(
+            outcome,
+            receipt.deadline_after(message, policy, self.verdicts()),
+        )
     }
 
     /// Every applicable rule's verdict, in policy order; none when nothing was decided.

@@ -47,6 +47,23 @@ pub struct Rule {
     pub per_attributes: Vec<String>,
     /// What a refusal by this rule does to the message.
     pub on_deny: OnDeny,
+    /// The longest a `delay` rule may hold a message, in ms, counted from when the worker first
+    /// received it: a message it would hold longer is recorded as expired instead (see
+    /// [`crate::deadline`]). `None` for no limit, and always for other rules.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_max_delay"
+    )]
+    pub max_delay: Option<i64>,
+}
+
+/// `max_delay` written as configuration takes it (`"2h"`), so `config check` prints a rule
+/// that loads back the same.
+fn serialize_max_delay<S: serde::Serializer>(ms: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+    match ms {
+        Some(ms) => s.serialize_str(&crate::kinds::human_ms(*ms)),
+        None => s.serialize_none(),
+    }
 }
 
 /// Message filter of a rule; an empty list means "every value".
@@ -109,6 +126,7 @@ impl Policy {
                 scope: Scope::Recipient,
                 per_attributes: Vec::new(),
                 on_deny: OnDeny::Drop,
+                max_delay: None,
             }],
         }
     }

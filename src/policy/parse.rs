@@ -42,6 +42,8 @@ pub struct RawRule {
     matcher: Option<RawMatch>,
     #[serde(default)]
     per_attributes: Vec<String>,
+    #[serde(default)]
+    max_delay: Option<toml::Value>,
     #[serde(flatten)]
     params: toml::Table,
 }
@@ -107,6 +109,8 @@ impl Policy {
             check_names("match categories", &matcher.categories).map_err(fail)?;
             let scope = r.scope.unwrap_or(Scope::Recipient);
             check_per_attributes(scope, &r.per_attributes).map_err(fail)?;
+            let on_deny = r.on_deny.unwrap_or(OnDeny::Drop);
+            let max_delay = max_delay(r.max_delay.as_ref(), on_deny).map_err(fail)?;
             rules.push(Rule {
                 kind,
                 matcher: Match {
@@ -115,7 +119,8 @@ impl Policy {
                 },
                 scope,
                 per_attributes: r.per_attributes,
-                on_deny: r.on_deny.unwrap_or(OnDeny::Drop),
+                on_deny,
+                max_delay,
                 name: r.name,
             });
         }
@@ -172,6 +177,47 @@ fn check_per_attributes(scope: Scope, keys: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Longest `max_delay`: as long as the longest window, far below the longest wait a rule may
+/// cause ([`crate::clock::MAX_WAIT_DAYS`]), so a deadline counted from any instant in range can
+/// be written.
+const MAX_DELAY_MS: i64 = 366 * 86_400_000;
+
+/// A rule's `max_delay` in ms: a duration, on a `delay` rule only (a rule that drops or shadows
+/// holds no message, so a limit on how long it holds one would silently do nothing).
+fn max_delay(value: Option<&toml::Value>, on_deny: OnDeny) -> Result<Option<i64>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    if on_deny != OnDeny::Delay {
+        let on_deny = match on_deny {
+            OnDeny::Drop => "drop",
+            OnDeny::Shadow => "shadow",
+            OnDeny::Delay => "delay",
+        };
+        return Err(format!(
+            "max_delay limits how long a rule holds a message, so it needs on_deny = \"delay\" \
+             (this rule's on_deny is \"{on_deny}\")"
+        ));
+    }
+    let toml::Value::String(text) = value else {
+        return Err(format!(
+            "max_delay must be a duration such as \"2h\", got {}",
+            value.type_str()
+        ));
+    };
+    match crate::kinds::parse_duration_ms(text) {
+        Some(ms) if ms > MAX_DELAY_MS => Err(format!("max_delay \"{text}\" is longer than 366d")),
+        Some(ms) if ms > 0 => Ok(Some(ms)),
+        Some(_) => Err(format!(
+            "max_delay must be longer than zero, got \"{text}\""
+        )),
+        None => Err(format!(
+            "max_delay \"{}\" is not a duration (a whole number followed by ms, s, m, h or d)",
+            one_line(text)
+        )),
+    }
 }
 
 fn check_name(name: &str) -> Result<(), String> {

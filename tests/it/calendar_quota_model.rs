@@ -101,6 +101,7 @@ fn one_rule(q: CalendarQuota) -> Policy {
             scope: Scope::Recipient,
             per_attributes: Vec::new(),
             on_deny: OnDeny::Drop,
+            max_delay: None,
         }],
     }
 }

@@ -129,10 +129,17 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
          windows = { tue = [\"09:00-17:30\"], mon = [\"13:00-17:30\", \"09:00-12:00\"], \
          sat = [\"22:00-24:00\"], sun = [\"00:00-02:00\"] }\n\
          [[rules]]\nname = \"per-campaign\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"30d\"\n\
-         scope = \"global\"\nper_attributes = [\"campaign\", \"step\"]\n",
+         scope = \"global\"\nper_attributes = [\"campaign\", \"step\"]\n\
+         [[rules]]\nname = \"pace\"\nkind = \"gcra\"\nrate = 1\nperiod = \"10m\"\n\
+         on_deny = \"delay\"\nmax_delay = \"120m\"\n",
     );
     let first = config_check(Some(&config));
     assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(
+        first.stdout.contains("max_delay = \"2h\""),
+        "{}",
+        first.stdout
+    );
     assert!(
         first
             .stdout
@@ -484,7 +491,7 @@ async fn denials_lists_a_worker_denial_as_json_table_and_csv_with_filters() {
             "category": "default", "rule": "headline", "kind": "calendar_quota",
             "reason": reason, "shadow": false, "denied_at": at(now),
             "retry_after": at(midnight), "replayed_at": null, "replay_of": null,
-            "message": stored,
+            "expires_at": null, "message": stored,
         })
     );
 

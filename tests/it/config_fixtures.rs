@@ -62,6 +62,11 @@ refused! {
     per_attributes_with_a_channel_scope => "rule \"r\": per_attributes needs scope \"recipient\" \
         or \"global\" (per attribute value, for each recipient or for everyone)",
     per_attributes_twice => "rule \"r\": per_attributes lists \"campaign\" twice",
+    max_delay_on_a_drop_rule => "rule \"r\": max_delay limits how long a rule holds a message, \
+        so it needs on_deny = \"delay\" (this rule's on_deny is \"drop\")",
+    max_delay_not_a_duration => "rule \"r\": max_delay \"2 hours\" is not a duration (a whole \
+        number followed by ms, s, m, h or d)",
+    max_delay_a_number => "rule \"r\": max_delay must be a duration such as \"2h\", got integer",
     match_category_no_request_can_carry => "rule \"r\": match categories entry \"two words\" holds \
         U+0020, so no request can carry it: a name is one or more words of letters, digits, `_` \
         and `-` joined by single dots, such as `sms` or `push.ios`",

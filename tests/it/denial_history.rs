@@ -187,6 +187,7 @@ fn row(
         message: serde_json::json!({ "id": id }).to_string().into(),
         denied_at,
         replay_of,
+        expires_at: None,
     }
 }
 

@@ -55,7 +55,7 @@ fn fuzz<S: Strategy>(
 // SendRequest::decode
 // ---------------------------------------------------------------------------------------------
 
-const FIELDS: [&str; 8] = [
+const FIELDS: [&str; 9] = [
     "id",
     "recipient",
     "channel",
@@ -64,6 +64,7 @@ const FIELDS: [&str; 8] = [
     "cost",
     "payload",
     "attributes",
+    "expires_at",
 ];
 
 const ZONES: [&str; 8] = [
@@ -160,6 +161,19 @@ fn field_value(field: &'static str) -> BoxedStrategy<Value> {
             1 => prop::collection::btree_map("[a-z]{1,4}", json_value(), 0..4)
                 .prop_map(|m| Value::Object(m.into_iter().collect())),
             1 => json_value(),
+        ]
+        .boxed(),
+        // Mostly RFC 3339 instants, in the supported range or near its ends, with offsets;
+        // sometimes a date alone, no offset, or anything.
+        "expires_at" => prop_oneof![
+            8 => (1960i32..9100, 1u32..=12, 1u32..=31, 0u32..24, 0u32..60, -14i32..=14)
+                .prop_map(|(y, mo, d, h, mi, off)| Value::String(format!(
+                    "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:00{}",
+                    if off == 0 { "Z".to_owned() } else { format!("{off:+03}:00") }
+                ))),
+            2 => "[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:[0-9]{2}(:[0-9]{2})?)?".prop_map(Value::String),
+            1 => field_string().prop_map(Value::String),
+            1 => json_leaf(),
         ]
         .boxed(),
         "channel" | "category" => prop_oneof![

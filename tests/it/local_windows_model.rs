@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use chrono::{DateTime, Datelike, Duration, Timelike, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
+use sendquota::internals::deadline::Receipt;
 use support::model::{decoded, policy, LimiterHarness};
 
 const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
@@ -90,7 +91,8 @@ fn decide(
     let verdict = &eval.verdicts()[0];
     assert_eq!(verdict.remaining, None, "clock rules do not count");
     assert_eq!(
-        eval.outcome(policy, &message).retry_after(),
+        eval.outcome(policy, &message, &Receipt::new(now))
+            .retry_after(),
         verdict.retry_after,
         "the outcome waits for the rule alone"
     );

@@ -192,6 +192,38 @@ const AGREED: &[(&str, bool)] = &[
         r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":["a"]}"#,
         false,
     ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"2026-05-01T09:00:00Z"}"#,
+        true,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"2026-05-01T11:00:00.25+02:00"}"#,
+        true,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":null}"#,
+        true,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"2026-05-01T09:00:00"}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"2026-05-01"}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"1969-12-31T23:59:59Z"}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"9000-01-01T00:00:00Z"}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":1777626000}"#,
+        false,
+    ),
     (r#"{"recipient":"u","channel":"sms"}"#, false),
     (r#"{"id":"m-1","channel":"sms"}"#, false),
     (r#"{"id":"m-1","recipient":"u"}"#, false),
@@ -264,6 +296,14 @@ const SCHEMA_CANNOT_SAY: &[(&str, &str)] = &[
     (
         "an attribute key given twice",
         r#"{"id":"m-1","recipient":"u","channel":"sms","attributes":{"a":"1","a":"2"}}"#,
+    ),
+    (
+        "an expires_at on a day its month does not have (February 30)",
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"2026-02-30T09:00:00Z"}"#,
+    ),
+    (
+        "an expires_at whose offset moves it before 1970",
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"1970-01-01T00:30:00+01:00"}"#,
     ),
     (
         "a NUL character in the payload",

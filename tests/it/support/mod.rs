@@ -922,6 +922,7 @@ pub fn first_message_to_hostile_id(i: usize) -> sendquota::internals::message::S
         cost: 1,
         payload: None,
         attributes: Default::default(),
+        expires_at: None,
     }
 }
 
