@@ -205,6 +205,8 @@ mod tests {
             rule: rule.to_owned(),
             kind: "gcra",
             on_deny: OnDeny::Delay,
+            exempt: false,
+            reserved_until: None,
             allowed: false,
             already: false,
             remaining: Some(0),

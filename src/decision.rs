@@ -18,6 +18,14 @@ pub struct Verdict {
     /// What the rule's refusal does.
     #[serde(skip)]
     pub on_deny: OnDeny,
+    /// Whether the message's priority is exempt from the rule, which still counts it: its
+    /// refusal (the rule had no room) neither holds the message back nor is recorded.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub exempt: bool,
+    /// Until when the rule's last slots were kept from this message (its priority is below
+    /// the reservation's): it was decided with them taken off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_until: Option<DateTime<Utc>>,
     /// Whether the rule admits the message.
     pub allowed: bool,
     /// Whether the message id had been admitted before (nothing consumed again).
@@ -36,7 +44,7 @@ pub struct Verdict {
 
 /// Decides the outcome from the verdicts of every rule that applies, in policy order.
 pub fn decide(verdicts: &[Verdict]) -> Outcome {
-    let refusals = || verdicts.iter().filter(|v| !v.allowed);
+    let refusals = || verdicts.iter().filter(|v| !v.allowed && !v.exempt);
     let latest = |on_deny: &dyn Fn(OnDeny) -> bool| {
         refusals()
             .filter(|v| on_deny(v.on_deny))
@@ -83,20 +91,26 @@ pub fn report(verdicts: &[Verdict], outcome: &Outcome) -> serde_json::Value {
 
 /// `report` (of [`report`] or [`duplicate_report`]) with, when there are some, the rules that
 /// do not apply to `message` only because it lacks attributes they count per (`not_matched`:
-/// each rule with its `missing_attributes`), so that `check` says why a cap was not met.
+/// each rule with its `missing_attributes`) or because they exempt its priority without
+/// counting it (each rule with its `exempt_priority`), so that `check` says why a cap was not
+/// met.
 pub fn explain_unmatched(
     mut report: serde_json::Value,
     policy: &Policy,
     message: &SendRequest,
 ) -> serde_json::Value {
-    let unmatched = policy.unmatched_for_attributes(message);
+    let mut unmatched: Vec<serde_json::Value> = policy
+        .unmatched_for_attributes(message)
+        .into_iter()
+        .map(
+            |(rule, missing)| serde_json::json!({"rule": rule.name, "missing_attributes": missing}),
+        )
+        .collect();
+    unmatched.extend(policy.exempting(message).into_iter().map(
+        |rule| serde_json::json!({"rule": rule.name, "exempt_priority": message.priority.as_str()}),
+    ));
     if !unmatched.is_empty() {
-        report["not_matched"] = unmatched
-            .into_iter()
-            .map(|(rule, missing)| {
-                serde_json::json!({"rule": rule.name, "missing_attributes": missing})
-            })
-            .collect();
+        report["not_matched"] = unmatched.into();
     }
     report
 }
@@ -118,13 +132,21 @@ pub fn rules_report(verdicts: &[Verdict]) -> serde_json::Value {
     verdicts
         .iter()
         .map(|v| {
-            serde_json::json!({
+            let mut rule = serde_json::json!({
                 "rule": v.rule,
                 "kind": v.kind,
                 "allowed": v.allowed,
                 "remaining": v.remaining,
                 "retry_after": v.retry_after.map(rfc3339),
-            })
+            });
+            // Said only where a priority changed what the rule did.
+            if v.exempt {
+                rule["exempt"] = true.into();
+            }
+            if let Some(until) = v.reserved_until {
+                rule["reserved_until"] = rfc3339(until).into();
+            }
+            rule
         })
         .collect()
 }
@@ -148,6 +170,8 @@ mod tests {
             rule: rule.to_owned(),
             kind: "calendar_quota",
             on_deny,
+            exempt: false,
+            reserved_until: None,
             allowed,
             already: false,
             remaining: Some(0),

@@ -114,6 +114,7 @@ impl DenyCache {
                 matches!(r.kind, Kind::CalendarQuota(_))
                     && r.scope == Scope::Recipient
                     && r.per_attributes.is_empty()
+                    && r.priority.is_empty()
                     && r.on_deny == OnDeny::Drop
             })
     }

@@ -9,7 +9,8 @@
 //!             topology, confirmed publishes; acks: coalesced acks; sequence: a recipient's
 //!             messages decided in delivery order)
 //!   -> message    decode and validate the request (attributes: its flat string map)
-//!   -> policy     which rules apply (kinds: each limiter kind, beside lua/kinds/<kind>.lua)
+//!   -> policy     which rules apply (kinds: each limiter kind, beside lua/kinds/<kind>.lua;
+//!                 priority: what a rule does with a message's priority)
 //!   -> limiter    one Lua script call per scope, all-or-nothing, refunds across scopes
 //!                 (keys: every Redis name; claim: one delivery of an id at a time;
 //!                 dedup: dispatch marks; deny_cache: full recipients answered from memory)
@@ -57,6 +58,7 @@ mod message;
 mod outcome;
 mod pipeline;
 mod policy;
+mod priority;
 mod quarantine;
 mod reload;
 mod replay;
@@ -140,6 +142,10 @@ pub mod internals {
     /// The crate's `policy` module.
     pub mod policy {
         pub use crate::policy::*;
+    }
+    /// The crate's `priority` module.
+    pub mod priority {
+        pub use crate::priority::*;
     }
     /// The crate's `quarantine` module.
     pub mod quarantine {

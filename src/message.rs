@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::attributes::{AttributeError, Attributes};
+use crate::priority::Priority;
 
 /// Largest body the worker accepts by default; larger ones are invalid (a producer bug, or an
 /// attempt to make the worker buffer arbitrary amounts of memory).
@@ -136,6 +137,9 @@ pub enum InvalidMessage {
     /// The cost is not a whole number from 1 to [`MAX_COST`]; holds the JSON as written.
     #[error("field `cost` must be a whole number from 1 to {MAX_COST}, got {0}")]
     BadCost(String),
+    /// The priority is not one of [`Priority::ALL`]'s names; holds the name as written.
+    #[error("field `priority` must be {names}, got {0:?}", names = Priority::names())]
+    BadPriority(String),
     /// The attributes break a limit of [`crate::attributes`]; names the key at fault.
     #[error("field `attributes`: {0}")]
     Attribute(AttributeError),
@@ -267,6 +271,9 @@ pub struct SendRequest {
     /// The instant past which the message must not be sent (a one-time code, a reminder of an
     /// event that has begun); `None` when absent or `null`. See [`crate::deadline`].
     pub expires_at: Option<ExpiresAt>,
+    /// How urgent it is: rules may exempt priorities or keep slots for the higher ones;
+    /// `normal` when absent.
+    pub priority: Priority,
 }
 
 /// A request's `expires_at`: the instant, and the text the producer wrote, kept so the stored
@@ -366,6 +373,8 @@ struct Stored<'a> {
     attributes: Option<&'a Attributes>,
     #[serde(skip_serializing_if = "Option::is_none")]
     expires_at: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<Priority>,
 }
 
 /// The wire shape: each field's JSON text, borrowed from the body, read by [`SendRequest::decode`]
@@ -394,6 +403,8 @@ struct Wire<'a> {
     // Defaulted as `attributes` is, for the same reason.
     #[serde(default)]
     expires_at: Option<&'a RawValue>,
+    #[serde(default)]
+    priority: Option<&'a RawValue>,
 }
 
 impl SendRequest {
@@ -458,6 +469,11 @@ impl SendRequest {
             }
             None => None,
         };
+        let priority = match text("priority", wire.priority)? {
+            Some(name) => Priority::parse(&name)
+                .ok_or_else(|| InvalidMessage::BadPriority(one_line(&name)))?,
+            None => Priority::default(),
+        };
         Ok(SendRequest {
             id,
             recipient,
@@ -468,6 +484,7 @@ impl SendRequest {
             payload: wire.payload.map(Payload),
             attributes,
             expires_at,
+            priority,
         })
     }
 
@@ -497,6 +514,7 @@ impl SendRequest {
             payload: self.payload.as_ref().map(|p| p.0.as_ref()),
             attributes: Some(&self.attributes).filter(|a| !a.is_empty()),
             expires_at: self.expires_at.as_ref().map(ExpiresAt::text),
+            priority: Some(self.priority).filter(|p| *p != Priority::default()),
         }
     }
 

@@ -14,6 +14,7 @@ use crate::message::{
     format_ranges, MAX_AMQP_SHORT_BYTES, MAX_COST, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PAYLOAD_DEPTH,
     MAX_RECIPIENT_CHARS, NAME_GRAMMAR,
 };
+use crate::priority::Priority;
 
 /// The schema's `$id`: a name, not an address (the contract is documented in docs/producers.md),
 /// versioned so a producer can tell a changed contract.
@@ -103,6 +104,16 @@ pub fn request_schema(max_body_bytes: usize) -> Value {
                 1970-01-01T00:00:00Z up to (not including) 9000-01-01T00:00:00Z. A message \
                 past it is recorded as a denial with reason `expired` and not sent.",
             "type": ["string", "null"], "format": "date-time", "pattern": EXPIRES_AT_PATTERN,
+        }),
+    );
+    properties.insert(
+        "priority".into(),
+        json!({
+            "description": "How urgent the message is: rules may exempt priorities \
+                (`exempt`) or keep their last slots for the higher ones (`reserve`).",
+            "type": ["string", "null"],
+            "enum": Priority::ALL.iter().rev().map(|p| Some(p.as_str())).chain([None]).collect::<Vec<_>>(),
+            "default": Priority::default().as_str(),
         }),
     );
     properties.insert(

@@ -29,7 +29,7 @@ pub use calendar_quota::CalendarQuota;
 pub use fixed_window::Window;
 pub use gcra::Gcra;
 pub use leaky_bucket::Bucket;
-pub use params::{human_ms, parse_duration_ms};
+pub use params::{as_hh_mm, human_ms, parse_duration_ms};
 pub use quiet_hours::QuietHours;
 pub use send_window::SendWindow;
 pub use sliding_log::SlidingLog;
@@ -131,6 +131,33 @@ impl Kind {
         };
         p.reject_unused(kind)?;
         Ok(built)
+    }
+
+    /// The kinds whose limits a rule's `reserve` may keep slots of: the calendar quota, whose
+    /// periods are local days, as the reservation's lapse is a local time of day.
+    pub const RESERVABLE: [&'static str; 1] = ["calendar_quota"];
+
+    /// The smallest of the kind's limits, for a kind of [`Kind::RESERVABLE`]: the most slots a
+    /// reservation can keep.
+    pub fn smallest_limit(&self) -> Option<u32> {
+        match self {
+            Kind::CalendarQuota(q) => Some(q.per_day.min(q.per_window)),
+            _ => None,
+        }
+    }
+
+    /// This kind with `slots` fewer on every limit (none below zero): how a rule decides a
+    /// message its reservation keeps out of the last slots. The state is the rule's own, so
+    /// the message sees every send the others made.
+    pub fn reserving(&self, slots: u32) -> Kind {
+        match self {
+            Kind::CalendarQuota(q) => Kind::CalendarQuota(CalendarQuota {
+                per_day: q.per_day.saturating_sub(slots),
+                per_window: q.per_window.saturating_sub(slots),
+                ..*q
+            }),
+            other => other.clone(),
+        }
     }
 
     /// The kind's slice of the script's ARGV for a decision at `now` in `zone`.

@@ -143,7 +143,7 @@ pub(super) fn as_duration<S: serde::Serializer>(ms: &i64, s: S) -> Result<S::Ok,
     s.serialize_str(&human_ms(*ms))
 }
 
-pub(super) fn as_hh_mm<S: serde::Serializer>(t: &NaiveTime, s: S) -> Result<S::Ok, S::Error> {
+pub fn as_hh_mm<S: serde::Serializer>(t: &NaiveTime, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&t.format("%H:%M").to_string())
 }
 

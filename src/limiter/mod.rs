@@ -24,6 +24,7 @@ use crate::kinds::{calendar, Kind};
 use crate::message::SendRequest;
 use crate::outcome::Outcome;
 use crate::policy::{OnDeny, Policy, Rule, Scope};
+use crate::priority::{Priority, Treatment};
 use crate::store::RedisConn;
 use script::{KindSet, Mode, RawResult, Reply};
 
@@ -339,7 +340,7 @@ impl Limiter {
                 Err(stopped) => return Ok(Scopes::Stopped(stopped)),
             };
             for (&(index, rule), raw) in call.rules.iter().zip(&results) {
-                verdicts[index] = Some(verdict(rule, raw, now, zone, message.cost));
+                verdicts[index] = Some(verdict(rule, raw, now, zone, message));
             }
             if mode == Mode::Commit && committed {
                 taken.push(call);
@@ -573,6 +574,7 @@ impl Limiter {
             payload: None,
             attributes: attributes.clone(),
             expires_at: None,
+            priority: Priority::default(),
         };
         // The probe's channel and category may be "*": the peeked rules match it whatever
         // their filters, having been chosen by them already.
@@ -677,9 +679,19 @@ impl Limiter {
                     let ids = keys::ids_key(&key);
                     rule_keys.push(key);
                     rule_keys.push(ids);
-                    let args = rule.kind.args(now, zone);
+                    let treatment = rule.priority.treatment(message.priority, now, zone);
+                    let args = match treatment {
+                        Treatment::Reserved { slots, .. } => {
+                            rule.kind.reserving(slots).args(now, zone)
+                        }
+                        _ => rule.kind.args(now, zone),
+                    };
+                    // An exempt message that counts is decided as by a shadow rule: taken
+                    // when there is room, never held back.
+                    let enforce =
+                        rule.on_deny != OnDeny::Shadow && treatment != Treatment::ExemptCounted;
                     rule_args.push(ScriptArg::Text(name));
-                    rule_args.push(ScriptArg::Int(i64::from(rule.on_deny != OnDeny::Shadow)));
+                    rule_args.push(ScriptArg::Int(i64::from(enforce)));
                     rule_args.push(ScriptArg::Int(args.len() as i64));
                     rule_args.extend(args.into_iter().map(ScriptArg::Int));
                 }
@@ -804,23 +816,44 @@ fn ran(reply: Reply) -> Result<(bool, Vec<RawResult>), Evaluation> {
     }
 }
 
-fn verdict(rule: &Rule, raw: &RawResult, now: DateTime<Utc>, zone: Tz, cost: u32) -> Verdict {
+fn verdict(
+    rule: &Rule,
+    raw: &RawResult,
+    now: DateTime<Utc>,
+    zone: Tz,
+    message: &SendRequest,
+) -> Verdict {
+    let treatment = rule.priority.treatment(message.priority, now, zone);
+    let mut retry_after = None;
+    let mut reason = String::new();
+    if !raw.allowed {
+        retry_after = rule.kind.retry_after(raw.retry, raw.detail, now, zone);
+        reason = rule.kind.reason(raw.detail, message.cost);
+        if let (Treatment::Reserved { slots, lapse }, Some(r)) = (treatment, &rule.priority.reserve)
+        {
+            // Refused with the reserved slots taken off: by the lapse the full limits apply,
+            // which may admit it.
+            retry_after = Some(retry_after.map_or(lapse, |at| at.min(lapse)));
+            reason = format!(
+                "{reason}; the last {slots} kept for {} and above until {} local time",
+                r.for_at_least.as_str(),
+                r.until.format("%H:%M")
+            );
+        }
+    }
     Verdict {
         rule: rule.name.clone(),
         kind: rule.kind.name(),
         on_deny: rule.on_deny,
+        exempt: treatment == Treatment::ExemptCounted,
+        reserved_until: match treatment {
+            Treatment::Reserved { lapse, .. } => Some(lapse),
+            _ => None,
+        },
         allowed: raw.allowed,
         already: raw.already,
         remaining: rule.kind.remaining(raw.remaining),
-        retry_after: if raw.allowed {
-            None
-        } else {
-            rule.kind.retry_after(raw.retry, raw.detail, now, zone)
-        },
-        reason: if raw.allowed {
-            String::new()
-        } else {
-            rule.kind.reason(raw.detail, cost)
-        },
+        retry_after,
+        reason,
     }
 }

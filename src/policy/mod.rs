@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::attributes::Attributes;
 use crate::kinds::{CalendarQuota, Kind};
 use crate::message::SendRequest;
+use crate::priority::PriorityRules;
 
 pub use parse::{PolicyError, RawRule};
 
@@ -55,6 +56,9 @@ pub struct Rule {
         serialize_with = "serialize_max_delay"
     )]
     pub max_delay: Option<i64>,
+    /// Which priorities pass the rule, and the slots it keeps for the higher ones.
+    #[serde(flatten)]
+    pub priority: PriorityRules,
 }
 
 /// `max_delay` written as configuration takes it (`"2h"`), so `config check` prints a rule
@@ -127,6 +131,7 @@ impl Policy {
                 per_attributes: Vec::new(),
                 on_deny: OnDeny::Drop,
                 max_delay: None,
+                priority: PriorityRules::default(),
             }],
         }
     }
@@ -171,6 +176,19 @@ impl Policy {
             .collect()
     }
 
+    /// The rules whose filter admits `message` but which leave it out because they exempt its
+    /// priority without counting it: what `check` explains beside missing attributes.
+    pub fn exempting(&self, message: &SendRequest) -> Vec<&Rule> {
+        self.rules
+            .iter()
+            .filter(|r| {
+                r.matcher.matches(message)
+                    && r.carries_attributes(&message.attributes)
+                    && r.priority.ignores(message.priority)
+            })
+            .collect()
+    }
+
     /// Looks a rule up by name.
     pub fn rule(&self, name: &str) -> Option<&Rule> {
         self.rules.iter().find(|r| r.name == name)
@@ -178,9 +196,12 @@ impl Policy {
 }
 
 impl Rule {
-    /// Whether the rule applies to `message`: the one test of a rule against a message.
+    /// Whether the rule applies to `message`: the one test of a rule against a message. A
+    /// rule leaves out messages of the priorities it exempts without counting them.
     pub fn matches(&self, message: &SendRequest) -> bool {
-        self.matcher.matches(message) && self.carries_attributes(&message.attributes)
+        self.matcher.matches(message)
+            && self.carries_attributes(&message.attributes)
+            && !self.priority.ignores(message.priority)
     }
 
     /// Whether `attributes` hold every key of [`Rule::per_attributes`].
@@ -215,7 +236,9 @@ impl Rule {
     /// meet the same rules of it. Compared with the empty filter, so a match field added to
     /// [`Match`] cannot be forgotten here.
     pub fn matches_everything(&self) -> bool {
-        self.matcher == Match::default() && self.per_attributes.is_empty()
+        self.matcher == Match::default()
+            && self.per_attributes.is_empty()
+            && self.priority.is_empty()
     }
 }
 

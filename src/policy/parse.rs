@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use chrono::NaiveTime;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
@@ -9,6 +10,7 @@ use super::{Match, OnDeny, Policy, Rule, Scope};
 use crate::attributes::MAX_ATTRIBUTES;
 use crate::kinds::Kind;
 use crate::message::{name_fault, one_line, MAX_NAME_CHARS, NAME_GRAMMAR};
+use crate::priority::{Priority, PriorityRules, Reserve};
 
 /// Longest rule name; names are part of Redis keys and denial rows.
 const MAX_RULE_NAME: usize = 64;
@@ -44,8 +46,24 @@ pub struct RawRule {
     per_attributes: Vec<String>,
     #[serde(default)]
     max_delay: Option<toml::Value>,
+    #[serde(default)]
+    exempt: Vec<Priority>,
+    #[serde(default)]
+    exempt_counts: Option<bool>,
+    #[serde(default)]
+    reserve: Option<RawReserve>,
     #[serde(flatten)]
     params: toml::Table,
+}
+
+/// `reserve = { slots = 1, for = "high", until = "18:00" }` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReserve {
+    slots: u32,
+    #[serde(rename = "for")]
+    for_at_least: Priority,
+    until: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -69,6 +87,19 @@ impl<'de> Deserialize<'de> for Scope {
                 one_line(other)
             ))),
         }
+    }
+}
+
+impl<'de> Deserialize<'de> for Priority {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Priority::parse(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown priority \"{}\" (expected {})",
+                one_line(&name),
+                Priority::names()
+            ))
+        })
     }
 }
 
@@ -111,6 +142,8 @@ impl Policy {
             check_per_attributes(scope, &r.per_attributes).map_err(fail)?;
             let on_deny = r.on_deny.unwrap_or(OnDeny::Drop);
             let max_delay = max_delay(r.max_delay.as_ref(), on_deny).map_err(fail)?;
+            let priority = priority_rules(&kind, on_deny, r.exempt, r.exempt_counts, r.reserve)
+                .map_err(fail)?;
             rules.push(Rule {
                 kind,
                 matcher: Match {
@@ -121,6 +154,7 @@ impl Policy {
                 per_attributes: r.per_attributes,
                 on_deny,
                 max_delay,
+                priority,
                 name: r.name,
             });
         }
@@ -218,6 +252,69 @@ fn max_delay(value: Option<&toml::Value>, on_deny: OnDeny) -> Result<Option<i64>
             one_line(text)
         )),
     }
+}
+
+/// A rule's priority options, checked: exempt priorities named once, `exempt_counts` only
+/// beside `exempt`, and a reservation only on a kind with limits to take slots off, for a
+/// priority above the lowest, of at most the smallest limit, and not beside a shadow rule
+/// (which refuses nothing, so keeps nothing).
+fn priority_rules(
+    kind: &Kind,
+    on_deny: OnDeny,
+    exempt: Vec<Priority>,
+    exempt_counts: Option<bool>,
+    reserve: Option<RawReserve>,
+) -> Result<PriorityRules, String> {
+    for (at, p) in exempt.iter().enumerate() {
+        if exempt[..at].contains(p) {
+            return Err(format!("exempt lists \"{}\" twice", p.as_str()));
+        }
+    }
+    if exempt_counts.is_some() && exempt.is_empty() {
+        return Err("exempt_counts needs exempt (the priorities it is about)".to_owned());
+    }
+    let reserve = match reserve {
+        None => None,
+        Some(r) => {
+            let Some(smallest) = kind.smallest_limit() else {
+                return Err(format!(
+                    "reserve needs a kind with limits to keep slots of ({}), not {}",
+                    Kind::RESERVABLE.join(", "),
+                    kind.name()
+                ));
+            };
+            if on_deny == OnDeny::Shadow {
+                return Err("reserve on a shadow rule keeps nothing: it refuses no one".to_owned());
+            }
+            if r.slots == 0 || r.slots > smallest {
+                return Err(format!(
+                    "reserve slots must be from 1 to the rule's smallest limit ({smallest}), got {}",
+                    r.slots
+                ));
+            }
+            if r.for_at_least == Priority::Low {
+                return Err(
+                    "reserve for \"low\" keeps nothing: every message is low or above".to_owned(),
+                );
+            }
+            let until = NaiveTime::parse_from_str(&r.until, "%H:%M").map_err(|_| {
+                format!(
+                    "reserve until \"{}\" is not a time of day as HH:MM",
+                    one_line(&r.until)
+                )
+            })?;
+            Some(Reserve {
+                slots: r.slots,
+                for_at_least: r.for_at_least,
+                until,
+            })
+        }
+    };
+    Ok(PriorityRules {
+        exempt,
+        exempt_counts: exempt_counts.unwrap_or(false),
+        reserve,
+    })
 }
 
 fn check_name(name: &str) -> Result<(), String> {

@@ -19,6 +19,7 @@ use sendquota::internals::kinds::calendar::{day_number, day_start, window_reach,
 use sendquota::internals::kinds::{CalendarQuota, Kind};
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::{Match, OnDeny, Policy, Rule, Scope};
+use sendquota::internals::priority::PriorityRules;
 use support::model::LimiterHarness;
 
 /// The rule as a specification, for one recipient whose messages may carry any zone: a send is
@@ -27,17 +28,17 @@ use support::model::LimiterHarness;
 /// the first instant of the window's first day (today and the `window - 1` days before it).
 /// An id whose latest admission falls in that window is recognised and consumes nothing
 /// again. Nothing is ever forgotten.
-struct Model {
-    q: CalendarQuota,
+pub(crate) struct Model {
+    pub(crate) q: CalendarQuota,
     /// Each id's latest admission.
-    admitted: BTreeMap<String, DateTime<Utc>>,
+    pub(crate) admitted: BTreeMap<String, DateTime<Utc>>,
 }
 
 #[derive(Debug, PartialEq)]
-struct Decision {
-    allowed: bool,
-    remaining: i64,
-    retry_after: Option<DateTime<Utc>>,
+pub(crate) struct Decision {
+    pub(crate) allowed: bool,
+    pub(crate) remaining: i64,
+    pub(crate) retry_after: Option<DateTime<Utc>>,
 }
 
 impl Model {
@@ -55,7 +56,13 @@ impl Model {
         on_day < i64::from(self.q.per_day) && in_window < i64::from(self.q.per_window)
     }
 
-    fn decide(&mut self, id: &str, now: DateTime<Utc>, zone: Tz, commit: bool) -> Decision {
+    pub(crate) fn decide(
+        &mut self,
+        id: &str,
+        now: DateTime<Utc>,
+        zone: Tz,
+        commit: bool,
+    ) -> Decision {
         let window = i64::from(self.q.window_days);
         let today = day_number(now, zone);
         let (on_day, in_window) = self.usage(today, zone);
@@ -92,6 +99,11 @@ impl Model {
 
 /// A policy of one calendar quota, `cq`, on each recipient, in UTC by default.
 fn one_rule(q: CalendarQuota) -> Policy {
+    one_rule_with(q, PriorityRules::default())
+}
+
+/// [`one_rule`] treating priorities as `priority` says.
+pub(crate) fn one_rule_with(q: CalendarQuota, priority: PriorityRules) -> Policy {
     Policy {
         default_zone: chrono_tz::UTC,
         rules: vec![Rule {
@@ -102,11 +114,12 @@ fn one_rule(q: CalendarQuota) -> Policy {
             per_attributes: Vec::new(),
             on_deny: OnDeny::Drop,
             max_delay: None,
+            priority,
         }],
     }
 }
 
-const ZONES: [&str; 9] = [
+pub(crate) const ZONES: [&str; 9] = [
     "UTC",
     "America/New_York",
     "Europe/London",
@@ -118,7 +131,7 @@ const ZONES: [&str; 9] = [
     "Etc/GMT+12",
 ];
 
-const STARTS: [&str; 3] = [
+pub(crate) const STARTS: [&str; 3] = [
     "2026-03-05T10:00:00Z",
     "2026-09-01T02:00:00Z",
     "2026-10-28T20:00:00Z",
@@ -148,7 +161,7 @@ fn step() -> impl Strategy<Value = Step> {
         })
 }
 
-fn quota() -> impl Strategy<Value = CalendarQuota> {
+pub(crate) fn quota() -> impl Strategy<Value = CalendarQuota> {
     (1u32..=3, 0u32..=3, 1u32..=8).prop_map(|(per_day, extra, window_days)| CalendarQuota {
         per_day,
         per_window: per_day + extra,

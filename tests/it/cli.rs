@@ -131,7 +131,10 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
          [[rules]]\nname = \"per-campaign\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"30d\"\n\
          scope = \"global\"\nper_attributes = [\"campaign\", \"step\"]\n\
          [[rules]]\nname = \"pace\"\nkind = \"gcra\"\nrate = 1\nperiod = \"10m\"\n\
-         on_deny = \"delay\"\nmax_delay = \"120m\"\n",
+         on_deny = \"delay\"\nmax_delay = \"120m\"\n\
+         [[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\n\
+         window_days = 7\nexempt = [\"critical\", \"high\"]\nexempt_counts = true\n\
+         reserve = { slots = 1, for = \"high\", until = \"18:00\" }\n",
     );
     let first = config_check(Some(&config));
     assert_eq!(first.code, 0, "{}", first.stderr);
@@ -140,6 +143,16 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
         "{}",
         first.stdout
     );
+    for printed in [
+        "exempt = [\"critical\", \"high\"]\nexempt_counts = true\n",
+        "[rules.reserve]\nslots = 1\nfor = \"high\"\nuntil = \"18:00\"\n",
+    ] {
+        assert!(
+            first.stdout.contains(printed),
+            "{printed}: {}",
+            first.stdout
+        );
+    }
     assert!(
         first
             .stdout
@@ -160,7 +173,7 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
         );
     }
     assert_eq!(
-        first.stdout.matches("days = ").count(),
+        first.stdout.matches("\ndays = ").count(),
         1,
         "{}",
         first.stdout

@@ -38,6 +38,14 @@ refused! {
     unknown_time_zone => "default_timezone: unknown time zone \"Mars/Olympus_Mons\"",
     quiet_hours_unparsable => "rule \"r\": start \"22h\" is not a time of day as HH:MM",
     quiet_hours_day_twice => "rule \"r\": days lists \"fri\" twice",
+    exempt_unknown_priority => "config file FILE: line 7: unknown priority \"urgent\" (expected \
+        critical, high, normal or low)",
+    exempt_counts_without_exempt => "rule \"r\": exempt_counts needs exempt (the priorities it is about)",
+    reserve_more_than_the_smallest_limit => "rule \"r\": reserve slots must be from 1 to the rule's \
+        smallest limit (2), got 3",
+    reserve_on_a_window_kind => "rule \"r\": reserve needs a kind with limits to keep slots of \
+        (calendar_quota), not fixed_window",
+    reserve_until_unparsable => "rule \"r\": reserve until \"6pm\" is not a time of day as HH:MM",
     send_window_overlapping => "rule \"r\": windows.mon entries \"09:00-12:00\" and \"11:30-17:30\" \
         overlap",
     send_window_past_midnight => "rule \"r\": windows.fri entry \"20:00-02:00\" does not end after it \

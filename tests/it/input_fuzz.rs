@@ -55,7 +55,7 @@ fn fuzz<S: Strategy>(
 // SendRequest::decode
 // ---------------------------------------------------------------------------------------------
 
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 10] = [
     "id",
     "recipient",
     "channel",
@@ -65,6 +65,7 @@ const FIELDS: [&str; 9] = [
     "payload",
     "attributes",
     "expires_at",
+    "priority",
 ];
 
 const ZONES: [&str; 8] = [
@@ -178,6 +179,14 @@ fn field_value(field: &'static str) -> BoxedStrategy<Value> {
             1 => json_leaf(),
         ]
         .boxed(),
+        // Mostly one of the four; sometimes another word, another case, or anything.
+        "priority" => prop_oneof![
+            12 => prop::sample::select(vec!["critical", "high", "normal", "low"])
+                .prop_map(|p| Value::String(p.to_owned())),
+            2 => "[a-zA-Z]{1,9}".prop_map(Value::String),
+            1 => json_leaf(),
+        ]
+        .boxed(),
         "channel" | "category" => prop_oneof![
             16 => "[A-Za-z0-9_-]{1,8}(\\.[A-Za-z0-9_-]{1,8}){0,2}".prop_map(Value::String),
             8 => field_string().prop_map(Value::String),
@@ -207,10 +216,12 @@ fn request_body() -> impl Strategy<Value = Vec<u8>> {
     let entries: Vec<BoxedStrategy<Option<(String, Value)>>> = FIELDS
         .iter()
         .map(|&f| {
-            let present = if matches!(f, "id" | "recipient" | "channel") {
-                0.92
-            } else {
-                0.5
+            // The fields added later less often: each optional field that is present makes a
+            // body less likely valid, and the generator must reach the `Ok` branch often.
+            let present = match f {
+                "id" | "recipient" | "channel" => 0.92,
+                "attributes" | "expires_at" | "priority" => 0.3,
+                _ => 0.5,
             };
             prop::option::weighted(present, field_value(f).prop_map(move |v| (f.to_owned(), v)))
                 .boxed()
@@ -549,7 +560,9 @@ fn the_json_generator_produces_valid_requests_and_each_kind_of_error() {
         }
     }
     eprintln!("json generator: {ok} of 2000 valid; errors {kinds:?}");
-    assert!(ok >= 200, "only {ok} of 2000 generated bodies were valid");
+    // About a ninth are valid (186 to 248 in runs with every field of today); a twentieth is
+    // still hundreds of valid bodies, and leaves room for the run-to-run spread.
+    assert!(ok >= 100, "only {ok} of 2000 generated bodies were valid");
     for kind in [
         "Malformed",
         "MissingField",
@@ -562,6 +575,7 @@ fn the_json_generator_produces_valid_requests_and_each_kind_of_error() {
         "WrongType",
         "FormatCharacter",
         "Attribute",
+        "BadPriority",
     ] {
         assert!(
             kinds.contains_key(kind),

@@ -27,6 +27,8 @@ mod local_windows_model;
 mod observability;
 mod ordering;
 mod policy_outcomes;
+mod priority;
+mod priority_model;
 mod producers;
 mod replay;
 mod resilience;

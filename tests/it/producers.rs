@@ -224,6 +224,26 @@ const AGREED: &[(&str, bool)] = &[
         r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":1777626000}"#,
         false,
     ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","priority":"critical"}"#,
+        true,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","priority":null}"#,
+        true,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","priority":"urgent"}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","priority":"HIGH"}"#,
+        false,
+    ),
+    (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","priority":1}"#,
+        false,
+    ),
     (r#"{"recipient":"u","channel":"sms"}"#, false),
     (r#"{"id":"m-1","channel":"sms"}"#, false),
     (r#"{"id":"m-1","recipient":"u"}"#, false),

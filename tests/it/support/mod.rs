@@ -923,6 +923,7 @@ pub fn first_message_to_hostile_id(i: usize) -> sendquota::internals::message::S
         payload: None,
         attributes: Default::default(),
         expires_at: None,
+        priority: Default::default(),
     }
 }
 

@@ -1,0 +1,190 @@
+//! Priorities through the real worker at default settings, copies of each message in flight:
+//! a critical message passes a cap that a promotion already used (exempt, not counted), or
+//! passes it and uses the slot itself (exempt, counted); a rule that keeps its last slot for
+//! high priorities until 18:00 local parks a normal message until then and lets a high one
+//! through; `check` says which of these applied; a priority that is not one is invalid.
+
+use crate::support;
+
+use std::collections::HashMap;
+
+use sendquota::clock::ManualClock;
+use sendquota::internals::broker;
+use support::{local, request, TestEnv};
+
+const ZONE: &str = "Europe/Berlin";
+
+/// A request of `priority` (none: the field left out, which is `normal`).
+fn prioritized(id: &str, recipient: &str, priority: Option<&str>) -> serde_json::Value {
+    let mut body = request(id, recipient, ZONE);
+    if let Some(p) = priority {
+        body["priority"] = p.into();
+    }
+    body
+}
+
+/// Publishes `copies` copies of `message` back to back.
+async fn publish_copies(env: &TestEnv, message: &serde_json::Value, copies: usize) {
+    for _ in 0..copies {
+        env.publish(message).await;
+    }
+}
+
+fn one_a_day(extra: &str) -> String {
+    format!(
+        "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\n\
+         window_days = 7\n{extra}"
+    )
+}
+
+/// Yesterday's kind of promotion takes the day's slot; the password reset after it still goes
+/// out, and the next promotion is denied: the critical one was not counted.
+#[tokio::test]
+async fn a_critical_message_passes_a_cap_the_day_already_used() {
+    let config = one_a_day("exempt = [\"critical\"]\n");
+    let mut env = TestEnv::with_config(&config).await;
+    let clock = ManualClock::new(local(ZONE, "2026-06-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    publish_copies(&env, &prioritized("promo-1", "ana", None), 3).await;
+    assert!(env.outcome("promo-1", &mut seen).await, "the day's first");
+    publish_copies(&env, &prioritized("reset", "ana", Some("critical")), 3).await;
+    assert!(env.outcome("reset", &mut seen).await, "critical passes");
+    publish_copies(&env, &prioritized("promo-2", "ana", Some("normal")), 3).await;
+    assert!(!env.outcome("promo-2", &mut seen).await, "the day is used");
+    env.copies_decided().await;
+    env.stop_worker().await;
+    assert_eq!(seen.get("promo-1"), Some(&1), "each dispatched once");
+    assert_eq!(seen.get("reset"), Some(&1));
+    let rows = env.denials().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].message_id.as_str(), rows[0].rule.as_str()),
+        ("promo-2", "daily")
+    );
+
+    let at = local(ZONE, "2026-06-01 10:00").to_rfc3339();
+    let checked = env.check(
+        &config,
+        &at,
+        &prioritized("reset-2", "ben", Some("critical")),
+    );
+    assert_eq!(
+        checked,
+        serde_json::json!({
+            "outcome": "allow", "rule": null, "retry_after": null, "rules": [],
+            "not_matched": [{"rule": "daily", "exempt_priority": "critical"}],
+        })
+    );
+}
+
+/// With `exempt_counts`, the critical message goes out however full the day is, and takes the
+/// slot when there is one: the promotion after it is denied.
+#[tokio::test]
+async fn an_exempt_message_that_counts_takes_the_slot_and_is_never_held_back() {
+    let config = one_a_day("exempt = [\"critical\", \"high\"]\nexempt_counts = true\n");
+    let mut env = TestEnv::with_config(&config).await;
+    let clock = ManualClock::new(local(ZONE, "2026-06-01 09:00"));
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    publish_copies(&env, &prioritized("code", "ana", Some("critical")), 3).await;
+    assert!(env.outcome("code", &mut seen).await);
+    publish_copies(&env, &prioritized("promo", "ana", Some("low")), 3).await;
+    assert!(
+        !env.outcome("promo", &mut seen).await,
+        "the code took the slot"
+    );
+    publish_copies(&env, &prioritized("alert", "ana", Some("high")), 3).await;
+    assert!(
+        env.outcome("alert", &mut seen).await,
+        "full, and still sent"
+    );
+    env.copies_decided().await;
+    env.stop_worker().await;
+    let denied: Vec<String> = env
+        .denials()
+        .await
+        .into_iter()
+        .map(|d| d.message_id.clone())
+        .collect();
+    assert_eq!(denied, ["promo"], "the exempt refusal is not recorded");
+    assert_eq!((seen.get("code"), seen.get("alert")), (Some(&1), Some(&1)));
+}
+
+/// The day's only slot is kept for high and critical messages until 18:00 Berlin time: a
+/// normal message at 09:00 is parked until 18:00 (16:00Z), a high one goes out, and at 18:00
+/// anyone may take what is left.
+#[tokio::test]
+async fn a_reserved_slot_parks_a_normal_message_until_the_reservation_lapses() {
+    let config = format!(
+        "{}on_deny = \"delay\"\nreserve = {{ slots = 1, for = \"high\", until = \"18:00\" }}\n",
+        one_a_day("")
+    );
+    let mut env = TestEnv::with_config(&config).await;
+    let morning = local(ZONE, "2026-06-01 09:00");
+    let clock = ManualClock::new(morning);
+    env.start_worker(&clock);
+    publish_copies(&env, &prioritized("digest", "ana", None), 3).await;
+    let mut seen = HashMap::new();
+    publish_copies(&env, &prioritized("otp", "ben", Some("high")), 3).await;
+    assert!(
+        env.outcome("otp", &mut seen).await,
+        "high takes the kept slot"
+    );
+    env.copies_decided().await;
+    let queue = env
+        .names
+        .delay_queue(broker::delay_tier(morning, local(ZONE, "2026-06-01 18:00")));
+    let parked = env.drain(&queue).await;
+    assert_eq!(parked.len(), 3, "each copy of the normal message parked");
+    for copy in &parked {
+        let until = broker::header(&copy.delivery.properties, broker::DELAYED_UNTIL_HEADER);
+        assert_eq!(until.as_deref(), Some("2026-06-01T16:00:00+00:00"));
+    }
+    assert!(env.denials().await.is_empty());
+
+    let at = morning.to_rfc3339();
+    let checked = env.check(&config, &at, &prioritized("digest-2", "cem", None));
+    assert_eq!(checked["outcome"], "delay");
+    assert_eq!(checked["retry_after"], "2026-06-01T16:00:00Z");
+    assert_eq!(
+        checked["rules"][0]["reserved_until"],
+        "2026-06-01T16:00:00Z"
+    );
+    assert_eq!(checked["rules"][0]["remaining"], 0);
+
+    clock.set(local(ZONE, "2026-06-01 18:00"));
+    env.publish_raw(&parked[0].delivery.data).await;
+    assert!(
+        env.outcome("digest", &mut seen).await,
+        "sent once it lapsed"
+    );
+    env.stop_worker().await;
+    assert_eq!(seen.get("otp"), Some(&1));
+}
+
+/// A priority that is not one of the four is refused before any quota is taken, naming the
+/// field and the choices.
+#[tokio::test]
+async fn an_unknown_priority_is_invalid_with_the_choices() {
+    let mut env = TestEnv::new().await;
+    let clock = ManualClock::new(local(ZONE, "2026-06-01 09:00"));
+    env.start_worker(&clock);
+    env.publish(&prioritized("urgent", "ana", Some("urgent")))
+        .await;
+    env.publish(&prioritized("fine", "ana", Some("low"))).await;
+    let mut seen = HashMap::new();
+    assert!(
+        env.outcome("fine", &mut seen).await,
+        "the day's slot is still free"
+    );
+    env.copies_decided().await;
+    let invalid = env.drain(&env.names.invalid).await;
+    assert_eq!(invalid.len(), 1);
+    let reason = broker::header(&invalid[0].delivery.properties, broker::REASON_HEADER);
+    assert_eq!(
+        reason.as_deref(),
+        Some("field `priority` must be critical, high, normal or low, got \"urgent\"")
+    );
+    env.stop_worker().await;
+}
