@@ -285,6 +285,10 @@ pub struct WorkerSettings {
     /// milliseconds: it moves to a delay queue and is retried from there, and its slot goes to
     /// other messages, so messages that keep failing cannot hold every slot.
     pub yield_slot_after_ms: u64,
+    /// How often the worker looks for messages held by `on_deny = "digest"` rules whose
+    /// recipient has room again, in milliseconds: a digest goes out at most this long after
+    /// the room is there.
+    pub digest_flush_interval_ms: u64,
 }
 
 impl Default for RedisSettings {
@@ -337,6 +341,7 @@ impl Default for WorkerSettings {
             deny_cache: true,
             denial_batch_size: 500,
             denial_batch_wait_ms: 3,
+            digest_flush_interval_ms: 5_000,
         }
     }
 }
@@ -514,7 +519,7 @@ const MAX_WAIT_MS: u64 = 600_000;
 const MAX_LONG_WAIT_MS: u64 = 3_600_000;
 
 /// Every numeric setting with its valid range, stated beside it in deploy/config.example.toml.
-pub const NUMERIC_SETTINGS: [NumericSetting; 17] = [
+pub const NUMERIC_SETTINGS: [NumericSetting; 18] = [
     // Below 100 ms a loaded but healthy Redis times out.
     NumericSetting {
         section: "redis",
@@ -644,6 +649,14 @@ pub const NUMERIC_SETTINGS: [NumericSetting; 17] = [
         min: 100,
         max: MAX_LONG_WAIT_MS,
         value: |s| s.worker.yield_slot_after_ms,
+    },
+    // Below 100 ms the flusher's queries on an idle table are most of the worker's work.
+    NumericSetting {
+        section: "worker",
+        key: "digest_flush_interval_ms",
+        min: 100,
+        max: MAX_LONG_WAIT_MS,
+        value: |s| s.worker.digest_flush_interval_ms,
     },
 ];
 

@@ -57,6 +57,12 @@ pub fn decide(verdicts: &[Verdict]) -> Outcome {
             retry_after: latest(&|d| d != OnDeny::Shadow),
         };
     }
+    // Held like a drop rule's refusal is recorded: a delay rule would only hold it again.
+    if let Some(first) = refusals().find(|v| v.on_deny == OnDeny::Digest) {
+        return Outcome::Digest {
+            rule: first.clone(),
+        };
+    }
     let delayed = refusals()
         .filter(|v| v.on_deny == OnDeny::Delay)
         .max_by_key(|v| v.retry_after);
@@ -211,6 +217,22 @@ mod tests {
         ];
         assert_eq!(decide(&v).retry_after(), v[1].retry_after);
         assert_eq!(decide(&v).rule().map(|r| r.rule.as_str()), Some("d2"));
+    }
+
+    #[test]
+    fn a_digest_refusal_holds_unless_a_drop_rule_refuses_too() {
+        let held = [
+            verdict("d", OnDeny::Delay, false, Some(9)),
+            verdict("g", OnDeny::Digest, false, Some(5)),
+        ];
+        let outcome = decide(&held);
+        assert_eq!(outcome.name(), OutcomeName::Digested);
+        assert_eq!(outcome.rule().map(|r| r.rule.as_str()), Some("g"));
+        let dropped = [
+            verdict("g", OnDeny::Digest, false, Some(5)),
+            verdict("x", OnDeny::Drop, false, Some(7)),
+        ];
+        assert_eq!(decide(&dropped).name(), OutcomeName::Deny);
     }
 
     #[test]

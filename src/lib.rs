@@ -14,10 +14,11 @@
 //!   -> limiter    one Lua script call per scope, all-or-nothing, refunds across scopes
 //!                 (keys: every Redis name; claim: one delivery of an id at a time;
 //!                 dedup: dispatch marks; deny_cache: full recipients answered from memory)
-//!   -> decision   pure: every rule's verdict -> allow / deny / delay / shadow
+//!   -> decision   pure: every rule's verdict -> allow / deny / delay / shadow / digest
 //!                 (deadline: a message past its deadline -> expired, never sent)
 //!   -> pipeline   make the outcome durable: dispatch publish and mark, denial row
-//!                 (denials), delay queue, invalid queue, quarantine
+//!                 (denials), delay queue, invalid queue, quarantine, held for a digest
+//!                 (digest: held messages, and the flusher sending one digest of them)
 //!   -> outcome    what it came to, and after a failure: retry or quarantine
 //!   -> worker     ack only after that
 //! ```
@@ -51,6 +52,7 @@ mod decision;
 mod dedup;
 mod denials;
 mod deny_cache;
+mod digest;
 mod keys;
 mod kinds;
 mod limiter;
@@ -106,6 +108,10 @@ pub mod internals {
     /// The crate's `dedup` module.
     pub mod dedup {
         pub use crate::dedup::*;
+    }
+    /// The crate's `digest` module.
+    pub mod digest {
+        pub use crate::digest::*;
     }
     /// The crate's `denials` module.
     pub mod denials {

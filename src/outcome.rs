@@ -30,11 +30,14 @@ pub enum OutcomeName {
     /// Past its deadline, or held by a delay past it: recorded as a denial (reason
     /// `expired`) and never sent. See [`crate::deadline`].
     Expired,
+    /// Refused by a `digest` rule: held, to be sent with the others it holds to the recipient
+    /// in one digest once the rule has room. See [`crate::digest`].
+    Digested,
 }
 
 impl OutcomeName {
     /// Every outcome, for registering one metric series each.
-    pub const ALL: [OutcomeName; 8] = [
+    pub const ALL: [OutcomeName; 9] = [
         OutcomeName::Allow,
         OutcomeName::Deny,
         OutcomeName::Delay,
@@ -43,6 +46,7 @@ impl OutcomeName {
         OutcomeName::InFlight,
         OutcomeName::Invalid,
         OutcomeName::Expired,
+        OutcomeName::Digested,
     ];
 
     /// The outcome's place in [`OutcomeName::ALL`].
@@ -61,6 +65,7 @@ impl OutcomeName {
             OutcomeName::InFlight => "in_flight",
             OutcomeName::Invalid => "invalid",
             OutcomeName::Expired => "expired",
+            OutcomeName::Digested => "digested",
         }
     }
 }
@@ -97,6 +102,12 @@ pub enum Outcome {
         /// The deadline it reached or would pass.
         deadline: DateTime<Utc>,
     },
+    /// A `digest` rule refused it and no `drop` rule did: hold it for the rule's next digest
+    /// to the recipient.
+    Digest {
+        /// The first refusing `digest` rule, in policy order: the rule it is held under.
+        rule: Verdict,
+    },
 }
 
 impl Outcome {
@@ -126,6 +137,7 @@ impl Outcome {
             Outcome::Deny { .. } => OutcomeName::Deny,
             Outcome::Delay { .. } => OutcomeName::Delay,
             Outcome::Expired { .. } => OutcomeName::Expired,
+            Outcome::Digest { .. } => OutcomeName::Digested,
         }
     }
 
@@ -133,7 +145,9 @@ impl Outcome {
     pub fn rule(&self) -> Option<&Verdict> {
         match self {
             Outcome::Allow { shadow_refusals } => shadow_refusals.first(),
-            Outcome::Deny { rule, .. } | Outcome::Delay { rule, .. } => Some(rule),
+            Outcome::Deny { rule, .. } | Outcome::Delay { rule, .. } | Outcome::Digest { rule } => {
+                Some(rule)
+            }
             Outcome::Expired { rule, .. } => rule.as_ref(),
         }
     }
@@ -144,6 +158,8 @@ impl Outcome {
             Outcome::Allow { .. } | Outcome::Expired { .. } => None,
             Outcome::Deny { retry_after, .. } => *retry_after,
             Outcome::Delay { until, .. } => Some(*until),
+            // When the digest could go out, the earliest.
+            Outcome::Digest { rule } => rule.retry_after,
         }
     }
 }
@@ -175,6 +191,12 @@ pub enum Handled {
         /// held it).
         rule: String,
     },
+    /// Held by the `digest` rule `rule` for its next digest to the recipient (see
+    /// [`crate::digest`]); no denial row is written.
+    Digested {
+        /// The rule it is held under.
+        rule: String,
+    },
     /// Not a valid request; sent to the invalid queue.
     Invalid {
         /// Why.
@@ -197,6 +219,7 @@ impl Handled {
             Handled::Delayed { .. } => OutcomeName::Delay,
             Handled::Invalid { .. } => OutcomeName::Invalid,
             Handled::Expired { .. } => OutcomeName::Expired,
+            Handled::Digested { .. } => OutcomeName::Digested,
             Handled::Duplicate => OutcomeName::Duplicate,
             Handled::InFlight => OutcomeName::InFlight,
         }
@@ -208,7 +231,8 @@ impl Handled {
         match self {
             Handled::Denied { rule }
             | Handled::Delayed { rule, .. }
-            | Handled::Expired { rule } => std::slice::from_ref(rule),
+            | Handled::Expired { rule }
+            | Handled::Digested { rule } => std::slice::from_ref(rule),
             Handled::Dispatched { shadow } => shadow,
             Handled::Invalid { .. } | Handled::Duplicate | Handled::InFlight => &[],
         }

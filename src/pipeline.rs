@@ -19,6 +19,7 @@ use crate::deadline::{self, Receipt};
 use crate::decision::Verdict;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter};
+use crate::digest::{DigestError, Digests};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
@@ -42,6 +43,9 @@ pub enum HandleError {
     /// RabbitMQ failed a publish.
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    /// Postgres failed holding a message for a digest.
+    #[error(transparent)]
+    Digest(#[from] DigestError),
 }
 
 impl HandleError {
@@ -86,6 +90,8 @@ pub struct Pipeline {
     pub claim_lease_ms: u64,
     /// A deliberate stop for crash tests; `None` in production.
     pub failpoint: Option<Failpoint>,
+    /// Messages held by digest rules, and how often the flusher sends them.
+    pub digests: Digests,
 }
 
 impl Pipeline {
@@ -207,6 +213,15 @@ impl Pipeline {
             Outcome::Expired { rule, deadline } => {
                 self.expire(message, rule.as_ref(), deadline, now, replay_of)
                     .await
+            }
+            Outcome::Digest { rule } => {
+                // The snapshot decided under this rule, so it has it.
+                if let Some(digest_rule) = rules.policy.rule(&rule.rule) {
+                    self.digests
+                        .hold(message, digest_rule, deadline, now)
+                        .await?;
+                }
+                Ok(Handled::Digested { rule: rule.rule })
             }
         }
     }

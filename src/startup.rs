@@ -18,6 +18,7 @@ use crate::config::Settings;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::deny_cache::{self, DenyCache};
+use crate::digest::Digests;
 use crate::failpoint::Failpoint;
 use crate::limiter::Limiter;
 use crate::pipeline::Pipeline;
@@ -75,6 +76,10 @@ pub async fn run(
         .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
     let redis = connect_redis(settings).await?;
     let denials = DenialStore::connect(&settings.database).await?;
+    let digests = Digests::new(
+        denials.pool().clone(),
+        Duration::from_millis(settings.worker.digest_flush_interval_ms),
+    );
     report_skew(&redis, clock.as_ref()).await;
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
@@ -117,6 +122,7 @@ pub async fn run(
         max_body_bytes: settings.worker.max_body_bytes,
         claim_lease_ms: settings.worker.claim_lease_ms,
         failpoint,
+        digests,
     });
     keep_metrics_up(stop.clone());
     keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());

@@ -24,6 +24,7 @@ use crate::admin::Health;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::config::Settings;
+use crate::digest;
 use crate::failpoint::{self, Failpoint};
 use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{self, Failure, Handled, Next};
@@ -131,6 +132,13 @@ async fn consume(
         .healing(pipeline.names.clone(), settings.amqp.queue_type);
     let channel = broker::timed("channel.open", consuming.create_channel()).await?;
     let mut consumer = consume_requests(settings, &pipeline.names, &channel).await?;
+    // The session's flusher publishes on the session's publisher, so it lives as long.
+    let (flusher_stop, flusher_stopped) = watch::channel(false);
+    let flusher = tokio::spawn(digest::flush_until_stopped(
+        pipeline.clone(),
+        publisher.clone(),
+        flusher_stopped,
+    ));
     health.set_consuming(true);
     let mut blocked = publisher.blocked().clone();
     health.set_blocked(blocked.borrow_and_update().clone());
@@ -207,6 +215,12 @@ async fn consume(
         }
     };
     drop(consumer);
+    // A flush under way finishes (its digest sent and marked, or left to the next one).
+    let _ = flusher_stop.send(true);
+    let shutdown = Duration::from_millis(settings.worker.shutdown_timeout_ms);
+    if tokio::time::timeout(shutdown, flusher).await.is_err() {
+        warn!("the digest flush did not finish in the shutdown timeout; the next one resumes it");
+    }
     if result.is_err() {
         // The session is lost: publishes still waiting on it will not be confirmed.
         publisher.end();

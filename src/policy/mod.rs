@@ -59,6 +59,11 @@ pub struct Rule {
     /// Which priorities pass the rule, and the slots it keeps for the higher ones.
     #[serde(flatten)]
     pub priority: PriorityRules,
+    /// The attribute key a `digest` rule groups held messages by, beside the recipient and
+    /// the rule (see [`crate::digest`]): one digest per campaign, say. `None` groups by
+    /// recipient and rule alone, and always for other rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest_by: Option<String>,
 }
 
 /// `max_delay` written as configuration takes it (`"2h"`), so `config check` prints a rule
@@ -116,6 +121,21 @@ pub enum OnDeny {
     Delay,
     /// Record a would-be denial but dispatch anyway (a rule on trial).
     Shadow,
+    /// Hold the message, and send every message it held to the recipient as one digest once
+    /// the rule has room again (see [`crate::digest`]).
+    Digest,
+}
+
+impl OnDeny {
+    /// The name as configuration writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDeny::Drop => "drop",
+            OnDeny::Delay => "delay",
+            OnDeny::Shadow => "shadow",
+            OnDeny::Digest => "digest",
+        }
+    }
 }
 
 impl Policy {
@@ -132,6 +152,7 @@ impl Policy {
                 on_deny: OnDeny::Drop,
                 max_delay: None,
                 priority: PriorityRules::default(),
+                digest_by: None,
             }],
         }
     }

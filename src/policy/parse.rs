@@ -52,6 +52,8 @@ pub struct RawRule {
     exempt_counts: Option<bool>,
     #[serde(default)]
     reserve: Option<RawReserve>,
+    #[serde(default)]
+    digest_by: Option<String>,
     #[serde(flatten)]
     params: toml::Table,
 }
@@ -109,8 +111,9 @@ impl<'de> Deserialize<'de> for OnDeny {
             "drop" => Ok(OnDeny::Drop),
             "delay" => Ok(OnDeny::Delay),
             "shadow" => Ok(OnDeny::Shadow),
+            "digest" => Ok(OnDeny::Digest),
             other => Err(serde::de::Error::custom(format!(
-                "unknown on_deny \"{}\" (expected drop, delay or shadow)",
+                "unknown on_deny \"{}\" (expected drop, delay, shadow or digest)",
                 one_line(other)
             ))),
         }
@@ -144,6 +147,7 @@ impl Policy {
             let max_delay = max_delay(r.max_delay.as_ref(), on_deny).map_err(fail)?;
             let priority = priority_rules(&kind, on_deny, r.exempt, r.exempt_counts, r.reserve)
                 .map_err(fail)?;
+            let digest_by = digest_by(r.digest_by, on_deny).map_err(fail)?;
             rules.push(Rule {
                 kind,
                 matcher: Match {
@@ -155,6 +159,7 @@ impl Policy {
                 on_deny,
                 max_delay,
                 priority,
+                digest_by,
                 name: r.name,
             });
         }
@@ -225,14 +230,10 @@ fn max_delay(value: Option<&toml::Value>, on_deny: OnDeny) -> Result<Option<i64>
         return Ok(None);
     };
     if on_deny != OnDeny::Delay {
-        let on_deny = match on_deny {
-            OnDeny::Drop => "drop",
-            OnDeny::Shadow => "shadow",
-            OnDeny::Delay => "delay",
-        };
         return Err(format!(
             "max_delay limits how long a rule holds a message, so it needs on_deny = \"delay\" \
-             (this rule's on_deny is \"{on_deny}\")"
+             (this rule's on_deny is \"{}\")",
+            on_deny.as_str()
         ));
     }
     let toml::Value::String(text) = value else {
@@ -315,6 +316,23 @@ fn priority_rules(
         exempt_counts: exempt_counts.unwrap_or(false),
         reserve,
     })
+}
+
+/// A rule's `digest_by`: an attribute key a request can carry, on a `digest` rule only (other
+/// rules hold no messages to group, so it would silently do nothing).
+fn digest_by(key: Option<String>, on_deny: OnDeny) -> Result<Option<String>, String> {
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    if on_deny != OnDeny::Digest {
+        return Err(format!(
+            "digest_by groups held messages, so it needs on_deny = \"digest\" \
+             (this rule's on_deny is \"{}\")",
+            on_deny.as_str()
+        ));
+    }
+    check_names("digest_by", std::slice::from_ref(&key))?;
+    Ok(Some(key))
 }
 
 fn check_name(name: &str) -> Result<(), String> {

@@ -134,7 +134,9 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
          on_deny = \"delay\"\nmax_delay = \"120m\"\n\
          [[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\n\
          window_days = 7\nexempt = [\"critical\", \"high\"]\nexempt_counts = true\n\
-         reserve = { slots = 1, for = \"high\", until = \"18:00\" }\n",
+         reserve = { slots = 1, for = \"high\", until = \"18:00\" }\n\
+         [[rules]]\nname = \"weekly-news\"\nkind = \"calendar_quota\"\nper_day = 1\n\
+         on_deny = \"digest\"\ndigest_by = \"campaign\"\n",
     );
     let first = config_check(Some(&config));
     assert_eq!(first.code, 0, "{}", first.stderr);
@@ -144,6 +146,8 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
         first.stdout
     );
     for printed in [
+        "on_deny = \"digest\"\n",
+        "digest_by = \"campaign\"\n",
         "exempt = [\"critical\", \"high\"]\nexempt_counts = true\n",
         "[rules.reserve]\nslots = 1\nfor = \"high\"\nuntil = \"18:00\"\n",
     ] {

@@ -53,8 +53,13 @@ refused! {
         \"00:00-02:00\" on the next day)",
     misspelt_parameter => "rule \"r\": unknown parameter `per_dya` for kind calendar_quota",
     sub_window_not_dividing_window => "rule \"r\": window (1m) is not a multiple of sub_window (7s)",
-    unknown_on_deny => "config file FILE: line 4: unknown on_deny \"ignore\" (expected drop, delay \
-        or shadow)",
+    unknown_on_deny => "config file FILE: line 4: unknown on_deny \"ignore\" (expected drop, delay, \
+        shadow or digest)",
+    digest_by_on_a_drop_rule => "rule \"r\": digest_by groups held messages, so it needs \
+        on_deny = \"digest\" (this rule's on_deny is \"drop\")",
+    digest_by_no_request_can_carry => "rule \"r\": digest_by entry \"campaign id\" holds U+0020, \
+        so no request can carry it: a name is one or more words of letters, digits, `_` and `-` \
+        joined by single dots, such as `sms` or `push.ios`",
     per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
     too_many_threads => "[worker] threads must be between 0 and 1024 (got 100000)",
     zero_max_connections => "[database] max_connections must be between 1 and 1000 (got 0)",

@@ -18,6 +18,7 @@ mod delivery_guarantees;
 mod denial_history;
 mod deny_cache;
 mod deploy_files;
+mod digests;
 mod dispatch_marks;
 mod faults;
 mod headline_rule_zones;

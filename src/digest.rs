@@ -1,0 +1,472 @@
+//! Digest instead of deny: a message refused by an `on_deny = "digest"` rule is held, grouped
+//! per recipient, rule and (with `digest_by`) attribute value, in the Postgres table
+//! `digest_items`; once the recipient has room again one digest carrying every held request
+//! goes out on the channel, consuming one send.
+//!
+//! The flusher ([`flush_until_stopped`], one per worker session) takes each group under a
+//! Postgres advisory lock, so two workers never take the same one, and asks the limiter about
+//! one synthetic request whose id ([`digest_id`]) is made of the group and its first item, so
+//! asking again after a crash is the same request (the limiter admits an id once). Once the
+//! limiter admits it, the items are marked with that id in the same transaction: from then on
+//! they are that digest's, and sending it ([`Flusher::send`]) publishes with a publisher
+//! confirm, writes the dispatch mark, then deletes them. A crash between the publish and the
+//! delete leaves marked items whose dispatch mark says the digest went: they are only
+//! deleted. Exactly once, across crashes and workers, as far as a dispatch mark reaches.
+//!
+//! Items past their deadline ([`crate::deadline::passed`] at flush time) are dropped from the
+//! digest and recorded as denials with reason `expired` under the digest rule.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::watch;
+
+use crate::broker::{self, BrokerError, Publisher};
+use crate::deadline;
+use crate::denials::{DenialError, DenialRow};
+use crate::limiter::{Evaluation, LimiterError};
+use crate::message::SendRequest;
+use crate::pipeline::Pipeline;
+use crate::policy::Rule;
+
+/// The header carrying how many requests a digest holds, so a sender can tell a digest from a
+/// single message without reading the body.
+pub const COUNT_HEADER: &str = "x-sendquota-digest-count";
+
+/// Most requests in one digest: a bigger group goes out over several digests (each one send),
+/// so a digest body stays far below what a broker and a sender take.
+pub const MAX_ITEMS: i64 = 500;
+
+/// Most groups and pending digests one flush takes up: the rest wait for the next one.
+const GROUPS_PER_FLUSH: i64 = 200;
+
+/// Failures of holding or flushing: the message is retried, the group flushed next time.
+#[derive(Debug, thiserror::Error)]
+pub enum DigestError {
+    /// Postgres failed.
+    #[error("postgres (digests): {0}")]
+    Database(#[from] sqlx::Error),
+    /// Redis failed the digest's decision.
+    #[error(transparent)]
+    Limiter(#[from] LimiterError),
+    /// Redis failed reading or writing a dispatch mark.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// RabbitMQ failed the digest's publish.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// An expired item's denial row was not written.
+    #[error(transparent)]
+    Denials(#[from] DenialError),
+    /// The digest body could not be written as JSON.
+    #[error("digest body: {0}")]
+    Body(#[from] serde_json::Error),
+}
+
+/// The held messages in Postgres, and how often they are flushed.
+#[derive(Debug, Clone)]
+pub struct Digests {
+    pool: PgPool,
+    flush_interval: Duration,
+}
+
+/// One held request as the flusher reads it.
+#[derive(Debug, sqlx::FromRow)]
+struct Item {
+    id: i64,
+    recipient: String,
+    rule: String,
+    group_key: String,
+    channel: String,
+    message_id: String,
+    message_text: String,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+/// The digest as published: `{"digest": {...}}`, documented in the README.
+#[derive(Serialize)]
+struct Body<'a> {
+    digest: BodyFields<'a>,
+}
+
+#[derive(Serialize)]
+struct BodyFields<'a> {
+    id: &'a str,
+    rule: &'a str,
+    recipient: &'a str,
+    channel: &'a str,
+    /// The `digest_by` value the group is of; `null` without one.
+    group: Option<&'a str>,
+    count: usize,
+    messages: Vec<&'a RawValue>,
+}
+
+/// What one flush did, for tests and logs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Flushed {
+    /// Digests published.
+    pub sent: usize,
+    /// Items dropped past their deadline.
+    pub expired: usize,
+}
+
+impl Digests {
+    /// Held messages in `pool`'s `digest_items`, flushed every `flush_interval`.
+    pub fn new(pool: PgPool, flush_interval: Duration) -> Digests {
+        Digests {
+            pool,
+            flush_interval,
+        }
+    }
+
+    /// Holds `message`, refused by the digest rule `rule` at `now`, for the rule's next digest
+    /// to its recipient; `deadline` is the instant past which it is dropped from it. A copy of
+    /// a message held already is held once. Durable when this returns: the delivery may be
+    /// acked.
+    pub async fn hold(
+        &self,
+        message: &SendRequest,
+        rule: &Rule,
+        deadline: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<(), DigestError> {
+        sqlx::query(
+            "INSERT INTO digest_items (recipient, rule, group_key, channel, message_id, \
+             message_text, expires_at, held_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&message.recipient)
+        .bind(&rule.name)
+        .bind(group_of(rule, message))
+        .bind(&message.channel)
+        .bind(&message.id)
+        .bind(message.to_json_text())
+        .bind(deadline)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The group `message` is held in under `rule`: its value of the rule's `digest_by`, or ''
+/// (the recipient and rule alone) when the rule has none or the message lacks it.
+pub fn group_of<'m>(rule: &Rule, message: &'m SendRequest) -> &'m str {
+    rule.digest_by
+        .as_deref()
+        .and_then(|key| message.attributes.get(key))
+        .unwrap_or("")
+}
+
+/// The id of the digest of `rule`'s group `group` to `recipient` whose first item is
+/// `first_item`: the same on every attempt at that digest, so the limiter admits it once and
+/// its dispatch mark tells a retry it went.
+pub fn digest_id(rule: &str, recipient: &str, group: &str, first_item: i64) -> String {
+    format!("digest:{rule}:{recipient}:{group}:{first_item}")
+}
+
+/// Flushes every `pipeline.digests` interval until `stop`, publishing through `publisher`.
+/// A failed flush is logged and tried again at the next interval: the items stay held.
+pub async fn flush_until_stopped(
+    pipeline: Arc<Pipeline>,
+    publisher: Publisher,
+    mut stop: watch::Receiver<bool>,
+) {
+    let flusher = Flusher {
+        pipeline: &pipeline,
+        publisher: &publisher,
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(pipeline.digests.flush_interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        match flusher.flush().await {
+            Ok(flushed) if flushed != Flushed::default() => {
+                tracing::info!(
+                    sent = flushed.sent,
+                    expired = flushed.expired,
+                    "digests flushed"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "digest flush failed; retried next interval"),
+        }
+    }
+}
+
+/// One worker's flush: what it needs of the pipeline, and where it publishes.
+pub struct Flusher<'a> {
+    /// The worker's pipeline (rules, limiter, marks, denials, clock, names, digests).
+    pub pipeline: &'a Pipeline,
+    /// The session's publisher.
+    pub publisher: &'a Publisher,
+}
+
+impl Flusher<'_> {
+    /// Sends the digests admitted before and not yet sent (a crash, or another worker
+    /// stopping mid-way), then takes up every group with held items: drops and records the
+    /// expired ones, and sends a digest of the rest when the limiter admits it.
+    pub async fn flush(&self) -> Result<Flushed, DigestError> {
+        let pool = &self.pipeline.digests.pool;
+        let mut flushed = Flushed::default();
+        let pending: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT digest_id FROM digest_items WHERE digest_id IS NOT NULL LIMIT $1",
+        )
+        .bind(GROUPS_PER_FLUSH)
+        .fetch_all(pool)
+        .await?;
+        for id in pending {
+            flushed.sent += usize::from(self.send(&id).await?);
+        }
+        let groups: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT recipient, rule, group_key FROM digest_items WHERE digest_id IS NULL \
+             GROUP BY 1, 2, 3 ORDER BY min(id) LIMIT $1",
+        )
+        .bind(GROUPS_PER_FLUSH)
+        .fetch_all(pool)
+        .await?;
+        for (recipient, rule, group) in groups {
+            let took = self.take_group(&recipient, &rule, &group).await?;
+            flushed.expired += took.expired;
+            if let Some(id) = took.admitted {
+                flushed.sent += usize::from(self.send(&id).await?);
+            }
+        }
+        Ok(flushed)
+    }
+
+    /// Under the group's lock (skipped when another worker holds it): records and drops its
+    /// expired items, and asks the limiter for one send of a digest of the others; admitted,
+    /// the items are that digest's, whose id is returned.
+    async fn take_group(
+        &self,
+        recipient: &str,
+        rule_name: &str,
+        group: &str,
+    ) -> Result<Took, DigestError> {
+        let pool = &self.pipeline.digests.pool;
+        let mut tx = pool.begin().await?;
+        if !try_lock(&mut tx, &["group", recipient, rule_name, group]).await? {
+            return Ok(Took::default());
+        }
+        let items: Vec<Item> = sqlx::query_as(
+            "SELECT id, recipient, rule, group_key, channel, message_id, message_text, \
+             expires_at FROM digest_items WHERE recipient = $1 AND rule = $2 \
+             AND group_key = $3 AND digest_id IS NULL ORDER BY id LIMIT $4",
+        )
+        .bind(recipient)
+        .bind(rule_name)
+        .bind(group)
+        .bind(MAX_ITEMS)
+        .fetch_all(&mut *tx)
+        .await?;
+        let now = self.pipeline.clock.now();
+        let rules = self.pipeline.rules.current();
+        let rule = rules.policy.rule(rule_name);
+        let (expired, live): (Vec<Item>, Vec<Item>) = items
+            .into_iter()
+            .partition(|i| deadline::passed(i.expires_at, now));
+        for item in &expired {
+            self.record_expired(item, rule, now).await?;
+        }
+        let expired_ids: Vec<i64> = expired.iter().map(|i| i.id).collect();
+        sqlx::query("DELETE FROM digest_items WHERE id = ANY($1)")
+            .bind(&expired_ids)
+            .execute(&mut *tx)
+            .await?;
+        let mut took = Took {
+            expired: expired.len(),
+            admitted: None,
+        };
+        let Some(first) = live.first() else {
+            tx.commit().await?;
+            return Ok(took);
+        };
+        let id = digest_id(rule_name, recipient, group, first.id);
+        let Some(request) = self.request(first, &id) else {
+            tx.commit().await?;
+            return Ok(took);
+        };
+        let admitted = match self
+            .pipeline
+            .limiter
+            .evaluate(&rules.policy, &request, now, true)
+            .await?
+        {
+            // Went out before, and its items were held again since (a copy): they are sent
+            // with it, which the dispatch mark stops from going twice.
+            Evaluation::Dispatched => true,
+            evaluation => evaluation.committed(),
+        };
+        if admitted {
+            let ids: Vec<i64> = live.iter().map(|i| i.id).collect();
+            sqlx::query("UPDATE digest_items SET digest_id = $1 WHERE id = ANY($2)")
+                .bind(&id)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?;
+            took.admitted = Some(id);
+        }
+        tx.commit().await?;
+        Ok(took)
+    }
+
+    /// Sends the admitted digest `id` unless its dispatch mark says it went, marks it and each
+    /// of its messages dispatched (a copy of one delivered later is a duplicate), and deletes
+    /// its items; false when another worker holds it or has sent it.
+    async fn send(&self, id: &str) -> Result<bool, DigestError> {
+        let pool = &self.pipeline.digests.pool;
+        let mut tx = pool.begin().await?;
+        if !try_lock(&mut tx, &["digest", id]).await? {
+            return Ok(false);
+        }
+        let items: Vec<Item> = sqlx::query_as(
+            "SELECT id, recipient, rule, group_key, channel, message_id, message_text, \
+             expires_at FROM digest_items WHERE digest_id = $1 ORDER BY id",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let Some(first) = items.first() else {
+            return Ok(false);
+        };
+        let now = self.pipeline.clock.now();
+        let marks = &self.pipeline.marks;
+        let published = match self.request(first, id) {
+            Some(request) if !marks.is_marked(&request, now).await? => {
+                self.publish(id, &items).await?;
+                marks.mark_dispatched(&request, now).await?;
+                true
+            }
+            _ => false,
+        };
+        for item in &items {
+            marks.mark(&item.recipient, &item.message_id, now).await?;
+        }
+        sqlx::query("DELETE FROM digest_items WHERE digest_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(published)
+    }
+
+    /// Publishes the digest `id` of `items` (one group's, at least one) on their channel.
+    async fn publish(&self, id: &str, items: &[Item]) -> Result<(), DigestError> {
+        let first = &items[0];
+        let messages = items
+            .iter()
+            .filter_map(|i| serde_json::from_str::<&RawValue>(&i.message_text).ok())
+            .collect::<Vec<_>>();
+        let body = Body {
+            digest: BodyFields {
+                id,
+                rule: &first.rule,
+                recipient: &first.recipient,
+                channel: &first.channel,
+                group: Some(first.group_key.as_str()).filter(|g| !g.is_empty()),
+                count: messages.len(),
+                messages,
+            },
+        };
+        let count = body.digest.count.to_string();
+        let body = serde_json::to_vec(&body)?;
+        let props = broker::json_properties(Some(id), &[(COUNT_HEADER, count)]);
+        self.publisher
+            .publish(&self.pipeline.names.dispatch, &first.channel, &body, props)
+            .await?;
+        Ok(())
+    }
+
+    /// The request a digest of `first`'s group is decided as: `first`'s (its channel,
+    /// category, zone, attributes and priority meet the same rules) under the digest's id,
+    /// costing one send, without a payload or deadline. `None` (logged) when `first` does not
+    /// read back as a request, which a held item written by the worker always does.
+    fn request(&self, first: &Item, id: &str) -> Option<SendRequest> {
+        let max = self.pipeline.max_body_bytes.max(first.message_text.len());
+        match SendRequest::decode(first.message_text.as_bytes(), max) {
+            Ok(held) => Some(SendRequest {
+                id: id.to_owned(),
+                cost: 1,
+                payload: None,
+                expires_at: None,
+                ..held
+            }),
+            Err(e) => {
+                tracing::error!(item = first.id, error = %e, "held digest item is not a request");
+                None
+            }
+        }
+    }
+
+    /// Records `item`, past its deadline at `now`, as a denial with reason `expired` under
+    /// its digest rule (`rule`, when the running rules still have it).
+    async fn record_expired(
+        &self,
+        item: &Item,
+        rule: Option<&Rule>,
+        now: DateTime<Utc>,
+    ) -> Result<(), DigestError> {
+        let max = self.pipeline.max_body_bytes.max(item.message_text.len());
+        let message = match SendRequest::decode(item.message_text.as_bytes(), max) {
+            Ok(message) => message,
+            Err(e) => {
+                tracing::error!(item = item.id, error = %e, "held digest item is not a request");
+                return Ok(());
+            }
+        };
+        self.pipeline
+            .denials
+            .write(DenialRow {
+                rule: item.rule.clone(),
+                kind: rule
+                    .map_or(deadline::DEADLINE_RULE, |r| r.kind.name())
+                    .to_owned(),
+                reason: deadline::EXPIRED_REASON.to_owned(),
+                expires_at: item.expires_at,
+                ..DenialRow::for_message(&message, now)
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+/// What taking up a group came to.
+#[derive(Debug, Default)]
+struct Took {
+    expired: usize,
+    /// The digest the limiter admitted, to be sent.
+    admitted: Option<String>,
+}
+
+/// Takes the transaction-scoped advisory lock named by `parts`, unless another transaction
+/// holds it (false). A lock on the name, not on rows: every worker taking up a group or a
+/// digest takes the same one, whatever rows were held since.
+async fn try_lock(tx: &mut Transaction<'_, Postgres>, parts: &[&str]) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(parts.join("\u{1f}"))
+        .fetch_one(&mut **tx)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_digest_id_names_its_group_and_first_item() {
+        assert_eq!(
+            digest_id("daily", "u1", "spring", 42),
+            "digest:daily:u1:spring:42"
+        );
+        assert_ne!(
+            digest_id("daily", "u1", "", 42),
+            digest_id("daily", "u1", "", 43)
+        );
+    }
+}
