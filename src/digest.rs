@@ -124,13 +124,14 @@ impl Digests {
     }
 
     /// Holds `message`, refused by the digest rule `rule` at `now`, for the rule's next digest
-    /// to its recipient; `deadline` is the instant past which it is dropped from it. A copy of
-    /// a message held already is held once. Durable when this returns: the delivery may be
-    /// acked.
+    /// to its recipient in `group` (see [`group_of`]); `deadline` is the instant past which it
+    /// is dropped from it. A copy of a message held already is held once. Durable when this
+    /// returns: the delivery may be acked.
     pub async fn hold(
         &self,
         message: &SendRequest,
-        rule: &Rule,
+        rule: &str,
+        group: &str,
         deadline: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Result<(), DigestError> {
@@ -140,8 +141,8 @@ impl Digests {
              ON CONFLICT DO NOTHING",
         )
         .bind(&message.recipient)
-        .bind(&rule.name)
-        .bind(group_of(rule, message))
+        .bind(rule)
+        .bind(group)
         .bind(&message.channel)
         .bind(&message.id)
         .bind(message.to_json_text())

@@ -19,7 +19,7 @@ use crate::deadline::{self, Receipt};
 use crate::decision::Verdict;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialRow, DenialWriter};
-use crate::digest::{DigestError, Digests};
+use crate::digest::{self, DigestError, Digests};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
@@ -215,12 +215,14 @@ impl Pipeline {
                     .await
             }
             Outcome::Digest { rule } => {
-                // The snapshot decided under this rule, so it has it.
-                if let Some(digest_rule) = rules.policy.rule(&rule.rule) {
-                    self.digests
-                        .hold(message, digest_rule, deadline, now)
-                        .await?;
-                }
+                // The snapshot that decided has the rule; without it, the group is the plainest.
+                let group = rules
+                    .policy
+                    .rule(&rule.rule)
+                    .map_or("", |r| digest::group_of(r, message));
+                self.digests
+                    .hold(message, &rule.rule, group, deadline, now)
+                    .await?;
                 Ok(Handled::Digested { rule: rule.rule })
             }
         }

@@ -145,8 +145,12 @@ async fn held_messages_go_out_as_one_digest_that_takes_the_next_days_send() {
     assert_eq!(env.denial_rows().await, 0);
 }
 
+/// Recipients whose held messages two workers flush at once: both walk the same groups at the
+/// same instants, so without the group and digest locks they take the same ones.
+const RECIPIENTS: usize = 24;
+
 #[tokio::test]
-async fn two_workers_flushing_at_once_send_one_digest() {
+async fn two_workers_flushing_at_once_send_each_digest_once() {
     let mut env = TestEnv::with_config(DAILY_DIGEST).await;
     let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
     env.start_worker(&clock);
@@ -162,16 +166,39 @@ async fn two_workers_flushing_at_once_send_one_digest() {
         });
         (stop, task)
     };
-    env.publish(&request("m-0", "bob", "UTC")).await;
-    for i in 1..=6 {
-        publish_copies(&env, &request(&format!("m-{i}"), "bob", "UTC")).await;
+    let mut expected_held = Vec::new();
+    for r in 0..RECIPIENTS {
+        env.publish(&request(&format!("r{r:02}-0"), &format!("r{r:02}"), "UTC"))
+            .await;
     }
-    held_are(&env, &["m-1", "m-2", "m-3", "m-4", "m-5", "m-6"]).await;
-    assert_eq!(dispatched(&env).await.0, ["m-0"]);
+    for i in 1..=2 {
+        for r in 0..RECIPIENTS {
+            let id = format!("r{r:02}-{i}");
+            publish_copies(&env, &request(&id, &format!("r{r:02}"), "UTC")).await;
+            expected_held.push(id);
+        }
+    }
+    expected_held.sort_unstable();
+    let expected_held: Vec<&str> = expected_held.iter().map(String::as_str).collect();
+    held_are(&env, &expected_held).await;
+    assert_eq!(dispatched(&env).await.0.len(), RECIPIENTS);
     clock.set(local("UTC", "2026-02-03 09:00"));
-    let sent = digests(&env, 1).await;
-    assert_eq!(sent[0].count, "6");
-    assert_eq!(sent[0].ids(), ["m-1", "m-2", "m-3", "m-4", "m-5", "m-6"]);
+    let sent = digests(&env, RECIPIENTS).await;
+    let mut per_recipient: Vec<(String, String, Vec<String>)> = sent
+        .iter()
+        .map(|s| {
+            let recipient = s.body["digest"]["recipient"].as_str().expect("recipient");
+            (recipient.to_owned(), s.count.clone(), s.ids())
+        })
+        .collect();
+    per_recipient.sort_unstable();
+    let expected: Vec<(String, String, Vec<String>)> = (0..RECIPIENTS)
+        .map(|r| {
+            let ids = vec![format!("r{r:02}-1"), format!("r{r:02}-2")];
+            (format!("r{r:02}"), "2".to_owned(), ids)
+        })
+        .collect();
+    assert_eq!(per_recipient, expected);
     let _ = stop_second.send(());
     second.await.expect("second worker stops");
     env.stop_worker().await;
