@@ -19,6 +19,10 @@ CREATE TABLE digest_items (
     -- the digest, before it is published, so a digest interrupted by a crash is sent again with
     -- exactly these items (and no item held since).
     digest_id    TEXT,
+    -- When the rules said the recipient has room again, the last time they refused this group's
+    -- digest: the flusher leaves the group until then, so groups without room cannot crowd out
+    -- the others. NULL: at the next flush.
+    flush_after  TIMESTAMPTZ,
     -- A redelivered copy of a held message is held once.
     UNIQUE (recipient, rule, group_key, message_id)
 );

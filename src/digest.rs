@@ -13,6 +13,9 @@
 //! delete leaves marked items whose dispatch mark says the digest went: they are only
 //! deleted. Exactly once, across crashes and workers, as far as a dispatch mark reaches.
 //!
+//! A group the limiter refuses is left until the instant it names (`flush_after`), so groups
+//! without room cannot crowd the others out of a flush.
+//!
 //! Items past their deadline ([`crate::deadline::passed`] at flush time) are dropped from the
 //! digest and recorded as denials with reason `expired` under the digest rule.
 
@@ -26,9 +29,9 @@ use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::watch;
 
 use crate::broker::{self, BrokerError, Publisher};
-use crate::deadline;
+use crate::deadline::{self, Receipt};
 use crate::denials::{DenialError, DenialRow};
-use crate::limiter::{Evaluation, LimiterError};
+use crate::limiter::LimiterError;
 use crate::message::SendRequest;
 use crate::pipeline::Pipeline;
 use crate::policy::Rule;
@@ -226,9 +229,11 @@ impl Flusher<'_> {
         }
         let groups: Vec<(String, String, String)> = sqlx::query_as(
             "SELECT recipient, rule, group_key FROM digest_items WHERE digest_id IS NULL \
-             GROUP BY 1, 2, 3 ORDER BY min(id) LIMIT $1",
+             GROUP BY 1, 2, 3 HAVING bool_or(flush_after IS NULL OR flush_after <= $2) \
+             ORDER BY min(id) LIMIT $1",
         )
         .bind(GROUPS_PER_FLUSH)
+        .bind(self.pipeline.clock.now())
         .fetch_all(pool)
         .await?;
         for (recipient, rule, group) in groups {
@@ -293,25 +298,31 @@ impl Flusher<'_> {
             tx.commit().await?;
             return Ok(took);
         };
-        let admitted = match self
+        let evaluation = self
             .pipeline
             .limiter
             .evaluate(&rules.policy, &request, now, true)
-            .await?
-        {
-            // Went out before, and its items were held again since (a copy): they are sent
-            // with it, which the dispatch mark stops from going twice.
-            Evaluation::Dispatched => true,
-            evaluation => evaluation.committed(),
-        };
-        if admitted {
-            let ids: Vec<i64> = live.iter().map(|i| i.id).collect();
+            .await?;
+        let ids: Vec<i64> = live.iter().map(|i| i.id).collect();
+        // Dispatched: it went out before and its items were held again since (a copy); they
+        // are sent with it, which the dispatch mark stops from going twice.
+        if evaluation.committed() || evaluation.dispatched() {
             sqlx::query("UPDATE digest_items SET digest_id = $1 WHERE id = ANY($2)")
                 .bind(&id)
                 .bind(&ids)
                 .execute(&mut *tx)
                 .await?;
             took.admitted = Some(id);
+        } else {
+            let room = evaluation
+                .outcome(&rules.policy, &request, &Receipt::new(now))
+                .retry_after()
+                .filter(|at| *at > now);
+            sqlx::query("UPDATE digest_items SET flush_after = $1 WHERE id = ANY($2)")
+                .bind(room)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(took)

@@ -8,6 +8,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
 use sendquota::internals::dedup::DispatchMarks;
@@ -112,6 +113,23 @@ async fn held_messages_go_out_as_one_digest_that_takes_the_next_days_send() {
     assert_eq!(singles, ["n-0"]);
     assert!(none.is_empty(), "no room today: no digest");
     assert_eq!(env.denial_rows().await, 0, "a held message is not denied");
+    // Flushed and refused: left until the rule has room, the next local day.
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    loop {
+        let after: Vec<Option<DateTime<Utc>>> =
+            sqlx::query_scalar("SELECT DISTINCT flush_after FROM digest_items")
+                .fetch_all(&env.pool)
+                .await
+                .expect("read flush_after");
+        if after == [Some(local("UTC", "2026-02-03 00:00"))] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the refused group waits for room: {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     clock.set(local("UTC", "2026-02-03 09:00"));
     let sent = digests(&env, 1).await;
     assert_eq!(sent[0].count, "3");
