@@ -68,6 +68,13 @@ pub enum Command {
     },
     /// List recorded denials, newest first.
     Denials(DenialArgs),
+    /// List the messages held by `digest` rules, one JSON line per group (recipient, rule,
+    /// digest_by value), oldest first.
+    Digests {
+        /// Only this recipient's.
+        #[arg(long)]
+        recipient: Option<String>,
+    },
     /// Publish denied messages again (each denial once, even with replays running at once).
     Replay(ReplayArgs),
     /// Drop the monthly denial partitions older than an age.
@@ -378,6 +385,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
             commit,
         } => check(&settings, &message, at.as_deref(), commit).await,
         Command::Denials(args) => denials(&settings, args).await,
+        Command::Digests { recipient } => digests(&settings, recipient.as_deref()).await,
         Command::Replay(args) => replay(&settings, args).await,
         Command::Prune { older_than } => prune(&settings, &older_than).await,
         Command::Quarantine { action } => quarantine(&settings, action).await,
@@ -756,6 +764,20 @@ fn progress_bar(len: Option<usize>) -> indicatif::ProgressBar {
     };
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     bar
+}
+
+/// `digests`: the groups of held messages, one JSON line each.
+async fn digests(settings: &Settings, recipient: Option<&str>) -> Result<(), CliError> {
+    let store = connect_store(settings).await?;
+    let groups = crate::digest::held_groups(store.pool(), recipient)
+        .await
+        .map_err(|e| service("postgres")(&e))?;
+    let mut out = std::io::stdout().lock();
+    for group in &groups {
+        let line = serde_json::to_string(group).map_err(|e| CliError::Service(e.to_string()))?;
+        writeln!(out, "{line}").map_err(|e| CliError::Service(format!("stdout: {e}")))?;
+    }
+    Ok(())
 }
 
 async fn prune(settings: &Settings, older_than: &str) -> Result<(), CliError> {

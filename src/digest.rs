@@ -108,6 +108,42 @@ struct BodyFields<'a> {
     messages: Vec<&'a RawValue>,
 }
 
+/// One group of held messages as `sendquota digests` lists it.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct HeldGroup {
+    /// The recipient.
+    pub recipient: String,
+    /// The digest rule holding them.
+    pub rule: String,
+    /// The `digest_by` value; `null` without one.
+    pub group: Option<String>,
+    /// How many messages are held.
+    pub held: i64,
+    /// When the oldest was held.
+    pub oldest: DateTime<Utc>,
+    /// The digest admitted for them and not yet sent (a worker stopped mid-way), if any.
+    pub digest_id: Option<String>,
+    /// Not looked at before this instant (the rules had no room for its digest).
+    pub flush_after: Option<DateTime<Utc>>,
+}
+
+/// The groups of held messages, to `recipient` only when given, oldest first: what an
+/// operator asks when a digest is awaited.
+pub async fn held_groups(
+    pool: &PgPool,
+    recipient: Option<&str>,
+) -> Result<Vec<HeldGroup>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT recipient, rule, NULLIF(group_key, '') AS \"group\", count(*) AS held, \
+         min(held_at) AS oldest, max(digest_id) AS digest_id, max(flush_after) AS flush_after \
+         FROM digest_items WHERE $1::TEXT IS NULL OR recipient = $1 \
+         GROUP BY recipient, rule, group_key ORDER BY min(id)",
+    )
+    .bind(recipient)
+    .fetch_all(pool)
+    .await
+}
+
 /// What one flush did, for tests and logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Flushed {

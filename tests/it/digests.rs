@@ -130,6 +130,31 @@ async fn held_messages_go_out_as_one_digest_that_takes_the_next_days_send() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The operator's view: one group of three, waiting for the next day.
+    let listed = env
+        .cli(&["digests", "--recipient", "alice"])
+        .output()
+        .expect("run digests");
+    assert!(listed.status.success(), "{listed:?}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (
+            &lines[0]["rule"],
+            &lines[0]["group"],
+            &lines[0]["held"],
+            &lines[0]["flush_after"]
+        ),
+        (
+            &"daily".into(),
+            &serde_json::Value::Null,
+            &3.into(),
+            &"2026-02-03T00:00:00Z".into()
+        )
+    );
     clock.set(local("UTC", "2026-02-03 09:00"));
     let sent = digests(&env, 1).await;
     assert_eq!(sent[0].count, "3");
