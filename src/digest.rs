@@ -383,16 +383,17 @@ impl Flusher<'_> {
         let Some(first) = items.first() else {
             return Ok(false);
         };
+        // Left held (and logged) should it not read back: deleting it would lose it.
+        let Some(request) = self.request(first, id) else {
+            return Ok(false);
+        };
         let now = self.pipeline.clock.now();
         let marks = &self.pipeline.marks;
-        let published = match self.request(first, id) {
-            Some(request) if !marks.is_marked(&request, now).await? => {
-                self.publish(id, &items).await?;
-                marks.mark_dispatched(&request, now).await?;
-                true
-            }
-            _ => false,
-        };
+        let published = !marks.is_marked(&request, now).await?;
+        if published {
+            self.publish(id, &items).await?;
+            marks.mark_dispatched(&request, now).await?;
+        }
         for item in &items {
             marks.mark(&item.recipient, &item.message_id, now).await?;
         }
