@@ -173,6 +173,7 @@ impl Pipeline {
             publisher,
             message,
             body,
+            properties,
             now,
             replay_of,
             metrics: &rules.metrics,
@@ -247,7 +248,12 @@ impl Pipeline {
         let id = properties.message_id().as_ref().map(|s| s.as_str());
         let props = broker::json_properties(id, &[(broker::REASON_HEADER, reason.clone())]);
         publisher
-            .publish("", &self.names.invalid, body, props)
+            .publish(
+                "",
+                &self.names.invalid,
+                body,
+                broker::carry(properties, props),
+            )
             .await?;
         metrics::counter!(telemetry::INVALID).increment(1);
         Ok(Handled::Invalid { reason })
@@ -287,7 +293,10 @@ impl Pipeline {
                 tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
                 std::future::pending::<()>().await;
             }
-            let props = broker::json_properties(Some(&message.id), &[]);
+            let props = broker::carry(
+                decoded.properties,
+                broker::json_properties(Some(&message.id), &[]),
+            );
             let started = Instant::now();
             decoded
                 .publisher
@@ -365,7 +374,7 @@ impl Pipeline {
             (broker::QUARANTINE_LAST_ERROR_HEADER, poison.reason.clone()),
         ];
         headers.extend(broker::replay_header(properties));
-        let props = broker::json_properties(id, &headers);
+        let props = broker::carry(properties, broker::json_properties(id, &headers));
         publisher
             .publish("", &self.names.quarantine, body, props)
             .await?;
@@ -403,9 +412,8 @@ impl Pipeline {
         headers.extend(Receipt::carried(properties));
         let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let queue = self.names.delay_queue(broker::delay_tier_for(wait_ms));
-        publisher
-            .publish("", &queue, body, broker::json_properties(id, &headers))
-            .await?;
+        let props = broker::carry(properties, broker::json_properties(id, &headers));
+        publisher.publish("", &queue, body, props).await?;
         metrics::counter!(telemetry::SLOTS_YIELDED).increment(1);
         tracing::warn!(message_id = ?id, queue = %queue, "message kept failing; it yields its slot");
         self.abandon(body, claim).await;
@@ -480,6 +488,8 @@ struct Decoded<'a> {
     publisher: &'a Publisher,
     message: &'a SendRequest,
     body: &'a [u8],
+    /// The delivery's properties: what the producer sent is carried onto every publish.
+    properties: &'a BasicProperties,
     now: DateTime<Utc>,
     /// The denial this delivery replays, carried on whenever it is republished.
     replay_of: Option<i64>,
@@ -517,6 +527,7 @@ impl Decoded<'_> {
         }
         headers.extend(receipt.headers());
         let props = broker::json_properties(Some(&self.message.id), &headers);
+        let props = broker::carry(self.properties, props);
         self.publisher
             .publish(exchange, queue, self.body, props)
             .await

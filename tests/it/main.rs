@@ -29,6 +29,7 @@ mod ordering;
 mod policy_outcomes;
 mod priority;
 mod priority_model;
+mod producer_context;
 mod producers;
 mod replay;
 mod resilience;
