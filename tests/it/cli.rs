@@ -502,7 +502,7 @@ async fn denials_lists_a_worker_denial_as_json_table_and_csv_with_filters() {
         json!({
             "id": row["id"], "message_id": "second", "recipient": "alice", "channel": "sms",
             "category": "default", "rule": "headline", "kind": "calendar_quota",
-            "reason": reason, "shadow": false, "denied_at": at(now),
+            "reason": reason, "shadow": false, "unchecked": false, "denied_at": at(now),
             "retry_after": at(midnight), "replayed_at": null, "replay_of": null,
             "expires_at": null, "message": stored,
         })
