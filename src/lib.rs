@@ -17,7 +17,8 @@
 //!   -> decision   pure: every rule's verdict -> allow / deny / delay / shadow
 //!                 (deadline: a message past its deadline -> expired, never sent)
 //!   -> pipeline   make the outcome durable: dispatch publish and mark, denial row
-//!                 (denials), delay queue, invalid queue, quarantine
+//!                 (denials), delay queue, invalid queue, quarantine; Redis unavailable
+//!                 and every rule on_unavailable = allow -> unchecked, dispatched
 //!   -> outcome    what it came to, and after a failure: retry or quarantine
 //!   -> worker     ack only after that
 //! ```

@@ -30,11 +30,14 @@ pub enum OutcomeName {
     /// Past its deadline, or held by a delay past it: recorded as a denial (reason
     /// `expired`) and never sent. See [`crate::deadline`].
     Expired,
+    /// Dispatched without a decision: Redis was unavailable and every rule matching it has
+    /// `on_unavailable = "allow"`; recorded as a row marked `unchecked`.
+    Unchecked,
 }
 
 impl OutcomeName {
     /// Every outcome, for registering one metric series each.
-    pub const ALL: [OutcomeName; 8] = [
+    pub const ALL: [OutcomeName; 9] = [
         OutcomeName::Allow,
         OutcomeName::Deny,
         OutcomeName::Delay,
@@ -43,6 +46,7 @@ impl OutcomeName {
         OutcomeName::InFlight,
         OutcomeName::Invalid,
         OutcomeName::Expired,
+        OutcomeName::Unchecked,
     ];
 
     /// The outcome's place in [`OutcomeName::ALL`].
@@ -61,6 +65,7 @@ impl OutcomeName {
             OutcomeName::InFlight => "in_flight",
             OutcomeName::Invalid => "invalid",
             OutcomeName::Expired => "expired",
+            OutcomeName::Unchecked => "unchecked",
         }
     }
 }
@@ -175,6 +180,14 @@ pub enum Handled {
         /// held it).
         rule: String,
     },
+    /// Redis was unavailable and the message's rules let it out unchecked (see
+    /// [`crate::policy::OnUnavailable`]): published to the dispatch exchange without a
+    /// decision, a dispatch mark or a claim, and recorded under `rule` as a row marked
+    /// `unchecked`.
+    Unchecked {
+        /// The first rule matching the message, the row is recorded under.
+        rule: String,
+    },
     /// Not a valid request; sent to the invalid queue.
     Invalid {
         /// Why.
@@ -197,18 +210,21 @@ impl Handled {
             Handled::Delayed { .. } => OutcomeName::Delay,
             Handled::Invalid { .. } => OutcomeName::Invalid,
             Handled::Expired { .. } => OutcomeName::Expired,
+            Handled::Unchecked { .. } => OutcomeName::Unchecked,
             Handled::Duplicate => OutcomeName::Duplicate,
             Handled::InFlight => OutcomeName::InFlight,
         }
     }
 
-    /// The rules that made the outcome what it is: the denying or delaying rule, or the
-    /// shadow rules that would have refused a dispatch; none for the other outcomes.
+    /// The rules that made the outcome what it is: the denying or delaying rule, the shadow
+    /// rules that would have refused a dispatch, or the rule an unchecked dispatch is recorded
+    /// under; none for the other outcomes.
     pub fn rules(&self) -> &[String] {
         match self {
             Handled::Denied { rule }
             | Handled::Delayed { rule, .. }
-            | Handled::Expired { rule } => std::slice::from_ref(rule),
+            | Handled::Expired { rule }
+            | Handled::Unchecked { rule } => std::slice::from_ref(rule),
             Handled::Dispatched { shadow } => shadow,
             Handled::Invalid { .. } | Handled::Duplicate | Handled::InFlight => &[],
         }

@@ -55,6 +55,8 @@ refused! {
     sub_window_not_dividing_window => "rule \"r\": window (1m) is not a multiple of sub_window (7s)",
     unknown_on_deny => "config file FILE: line 4: unknown on_deny \"ignore\" (expected drop, delay \
         or shadow)",
+    unknown_on_unavailable => "config file FILE: line 4: unknown on_unavailable \"open\" (expected \
+        wait or allow)",
     per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
     too_many_threads => "[worker] threads must be between 0 and 1024 (got 100000)",
     zero_max_connections => "[database] max_connections must be between 1 and 1000 (got 0)",

@@ -39,4 +39,5 @@ mod security;
 mod send_windows;
 mod settings;
 mod tls;
+mod unavailable;
 mod window_kinds_model;
