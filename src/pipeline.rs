@@ -272,7 +272,10 @@ impl Pipeline {
         };
         self.record(message, refusal, decoded.now, decoded.replay_of)
             .await?;
-        let props = broker::json_properties(Some(&message.id), &[]);
+        let props = broker::carry(
+            decoded.properties,
+            broker::json_properties(Some(&message.id), &[]),
+        );
         decoded
             .publisher
             .publish(&self.names.dispatch, &message.channel, decoded.body, props)
