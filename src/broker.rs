@@ -543,6 +543,41 @@ pub fn json_properties(message_id: Option<&str>, headers: &[(&str, String)]) -> 
     properties
 }
 
+/// `properties` of a publish with the producer's own context carried over from the delivery
+/// it republishes (`from`): its `correlation_id` and every application header (`traceparent`
+/// and `tracestate` of W3C trace context, a tenant, ...), so a sender, a delay queue, the
+/// invalid queue or the quarantine sees what the producer sent. Not carried: the worker's own
+/// headers (`x-sendquota-*`, which each publish sets itself, so a producer's forged one never
+/// passes) and those the broker adds when it dead-letters or redelivers (`x-death`,
+/// `x-first-death-*`, `x-last-death-*`, `x-delivery-count`), which would grow with every trip
+/// through a delay queue. A header the publish sets itself wins.
+pub fn carry(from: &BasicProperties, mut properties: BasicProperties) -> BasicProperties {
+    if let Some(id) = from.correlation_id() {
+        properties = properties.with_correlation_id(id.clone());
+    }
+    let Some(carried) = from.headers().as_ref().filter(|h| !h.inner().is_empty()) else {
+        return properties;
+    };
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    for (name, value) in carried.inner() {
+        if is_application_header(name.as_str()) && !headers.inner().contains_key(name) {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+    properties.with_headers(headers)
+}
+
+/// Whether a header is the producer's own, to be carried: not the worker's, not the broker's.
+fn is_application_header(name: &str) -> bool {
+    const BROKERS: [&str; 4] = [
+        "x-death",
+        "x-first-death-",
+        "x-last-death-",
+        "x-delivery-count",
+    ];
+    !name.starts_with("x-sendquota-") && !BROKERS.iter().any(|b| name.starts_with(b))
+}
+
 /// A string header of a delivery, if present.
 pub fn header(properties: &BasicProperties, name: &str) -> Option<String> {
     match properties.headers().as_ref()?.inner().get(name)? {

@@ -215,6 +215,10 @@ pub struct DenialArgs {
     /// Only shadow denials (true) or only real ones (false).
     #[arg(long)]
     shadow: Option<bool>,
+    /// Only unchecked dispatches (true: sent unchecked while Redis was unavailable) or only the
+    /// other rows (false).
+    #[arg(long)]
+    unchecked: Option<bool>,
     /// Only replayed denials (true) or only unreplayed ones (false).
     #[arg(long)]
     replayed: Option<bool>,
@@ -564,6 +568,7 @@ async fn denials(settings: &Settings, args: DenialArgs) -> Result<(), CliError> 
     }
     let filter = DenialFilter {
         shadow: args.shadow,
+        unchecked: args.unchecked,
         replayed: args.replayed,
         after: args.after,
         limit: args.limit,
@@ -825,6 +830,8 @@ fn row_cells(d: &Denial) -> [String; 9] {
         d.category.clone(),
         if d.shadow {
             format!("{} (shadow)", d.rule)
+        } else if d.unchecked {
+            format!("{} (unchecked)", d.rule)
         } else if d.reason == crate::deadline::EXPIRED_REASON {
             format!("{} (expired)", d.rule)
         } else {

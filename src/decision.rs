@@ -133,6 +133,21 @@ pub fn explain_deadline(
     report
 }
 
+/// `report` with what the worker does with `message` while Redis is unavailable
+/// (`on_unavailable`: `allow`, dispatched unchecked, or `wait`), when some rule matching it
+/// sets `on_unavailable = "allow"` (see [`Policy::on_unavailable`]): said only where a rule
+/// changed it from waiting, as every message did before the option.
+pub fn explain_unavailable(
+    mut report: serde_json::Value,
+    policy: &Policy,
+    message: &SendRequest,
+) -> serde_json::Value {
+    if let Some(then) = policy.on_unavailable(message) {
+        report["on_unavailable"] = serde_json::json!(then);
+    }
+    report
+}
+
 /// Each rule's verdict as [`report`] lists it: also what the quota route shows.
 pub fn rules_report(verdicts: &[Verdict]) -> serde_json::Value {
     verdicts

@@ -18,7 +18,9 @@
 //!                 (deadline: a message past its deadline -> expired, never sent)
 //!   -> pipeline   make the outcome durable: dispatch publish and mark, denial row
 //!                 (denials), delay queue, invalid queue, quarantine, held for a digest
-//!                 (digest: held messages, and the flusher sending one digest of them)
+//!                 (digest: held messages, and the flusher sending one digest of them);
+//!                 Redis unavailable and every rule on_unavailable = allow -> unchecked,
+//!                 dispatched
 //!   -> outcome    what it came to, and after a failure: retry or quarantine
 //!   -> worker     ack only after that
 //! ```

@@ -30,6 +30,9 @@ pub enum OutcomeName {
     /// Past its deadline, or held by a delay past it: recorded as a denial (reason
     /// `expired`) and never sent. See [`crate::deadline`].
     Expired,
+    /// Dispatched without a decision: Redis was unavailable and every rule matching it has
+    /// `on_unavailable = "allow"`; recorded as a row marked `unchecked`.
+    Unchecked,
     /// Refused by a `digest` rule: held, to be sent with the others it holds to the recipient
     /// in one digest once the rule has room. See [`crate::digest`].
     Digested,
@@ -37,7 +40,7 @@ pub enum OutcomeName {
 
 impl OutcomeName {
     /// Every outcome, for registering one metric series each.
-    pub const ALL: [OutcomeName; 9] = [
+    pub const ALL: [OutcomeName; 10] = [
         OutcomeName::Allow,
         OutcomeName::Deny,
         OutcomeName::Delay,
@@ -46,6 +49,7 @@ impl OutcomeName {
         OutcomeName::InFlight,
         OutcomeName::Invalid,
         OutcomeName::Expired,
+        OutcomeName::Unchecked,
         OutcomeName::Digested,
     ];
 
@@ -65,6 +69,7 @@ impl OutcomeName {
             OutcomeName::InFlight => "in_flight",
             OutcomeName::Invalid => "invalid",
             OutcomeName::Expired => "expired",
+            OutcomeName::Unchecked => "unchecked",
             OutcomeName::Digested => "digested",
         }
     }
@@ -191,6 +196,14 @@ pub enum Handled {
         /// held it).
         rule: String,
     },
+    /// Redis was unavailable and the message's rules let it out unchecked (see
+    /// [`crate::policy::OnUnavailable`]): published to the dispatch exchange without a
+    /// decision, a dispatch mark or a claim, and recorded under `rule` as a row marked
+    /// `unchecked`.
+    Unchecked {
+        /// The first rule matching the message, the row is recorded under.
+        rule: String,
+    },
     /// Held by the `digest` rule `rule` for its next digest to the recipient (see
     /// [`crate::digest`]); no denial row is written.
     Digested {
@@ -219,19 +232,22 @@ impl Handled {
             Handled::Delayed { .. } => OutcomeName::Delay,
             Handled::Invalid { .. } => OutcomeName::Invalid,
             Handled::Expired { .. } => OutcomeName::Expired,
+            Handled::Unchecked { .. } => OutcomeName::Unchecked,
             Handled::Digested { .. } => OutcomeName::Digested,
             Handled::Duplicate => OutcomeName::Duplicate,
             Handled::InFlight => OutcomeName::InFlight,
         }
     }
 
-    /// The rules that made the outcome what it is: the denying or delaying rule, or the
-    /// shadow rules that would have refused a dispatch; none for the other outcomes.
+    /// The rules that made the outcome what it is: the denying or delaying rule, the shadow
+    /// rules that would have refused a dispatch, or the rule an unchecked dispatch is recorded
+    /// under; none for the other outcomes.
     pub fn rules(&self) -> &[String] {
         match self {
             Handled::Denied { rule }
             | Handled::Delayed { rule, .. }
             | Handled::Expired { rule }
+            | Handled::Unchecked { rule }
             | Handled::Digested { rule } => std::slice::from_ref(rule),
             Handled::Dispatched { shadow } => shadow,
             Handled::Invalid { .. } | Handled::Duplicate | Handled::InFlight => &[],

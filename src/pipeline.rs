@@ -24,6 +24,7 @@ use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{Failure, Handled, Outcome};
+use crate::policy::Rule;
 use crate::reload::LiveRules;
 use crate::sequence::Place;
 use crate::telemetry;
@@ -170,20 +171,28 @@ impl Pipeline {
         // hold every later message to the recipient, and the slots they wait in, until it
         // yields its slot (a minute by default).
         place.leave();
-        let evaluation = evaluation?;
-        rules
-            .metrics
-            .decision_seconds
-            .record(started.elapsed().as_secs_f64());
         let decoded = Decoded {
             publisher,
             message,
             body,
+            properties,
             now,
             replay_of,
             metrics: &rules.metrics,
             receipt,
         };
+        let evaluation = match evaluation {
+            Ok(evaluation) => evaluation,
+            Err(e) if e.is_unavailable() => match rules.policy.fails_open(message) {
+                Some(rule) => return self.unchecked(&decoded, rule, &e).await,
+                None => return Err(e.into()),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        rules
+            .metrics
+            .decision_seconds
+            .record(started.elapsed().as_secs_f64());
         let verdicts = match &evaluation {
             Evaluation::Decided { verdicts, .. } => verdicts,
             Evaluation::Dispatched => return Ok(Handled::Duplicate),
@@ -244,12 +253,56 @@ impl Pipeline {
             kind: rule.map_or(deadline::DEADLINE_RULE, |v| v.kind),
             reason: deadline::EXPIRED_REASON,
             shadow: false,
+            unchecked: false,
             retry_after: None,
             expires_at: Some(deadline),
         };
         let rule = refusal.rule.to_owned();
         self.record(message, refusal, now, replay_of).await?;
         Ok(Handled::Expired { rule })
+    }
+
+    /// Fails open: Redis could not decide the message (`error`) and every rule matching it has
+    /// `on_unavailable = "allow"`, so it is recorded as a row marked unchecked under `rule`
+    /// (the first of them), then published to the dispatch exchange. Nothing is read from or
+    /// written to Redis: no quota is taken, no dispatch mark written and the claim is left to
+    /// its lease, so a copy of the message decided later may go out again.
+    async fn unchecked(
+        &self,
+        decoded: &Decoded<'_>,
+        rule: &Rule,
+        error: &LimiterError,
+    ) -> Result<Handled, HandleError> {
+        let message = decoded.message;
+        let reason = format!(
+            "{UNCHECKED_REASON} ({})",
+            crate::message::one_line(&error.to_string())
+        );
+        let refusal = Refusal {
+            rule: &rule.name,
+            kind: rule.kind.name(),
+            reason: &reason,
+            shadow: false,
+            unchecked: true,
+            retry_after: None,
+            expires_at: decoded.receipt.deadline(message),
+        };
+        self.record(message, refusal, decoded.now, decoded.replay_of)
+            .await?;
+        let props = broker::carry(
+            decoded.properties,
+            broker::json_properties(Some(&message.id), &[]),
+        );
+        decoded
+            .publisher
+            .publish(&self.names.dispatch, &message.channel, decoded.body, props)
+            .await?;
+        metrics::counter!(telemetry::UNCHECKED).increment(1);
+        tracing::warn!(message_id = %message.id, rule = %rule.name, %error,
+            "redis unavailable: message dispatched unchecked");
+        Ok(Handled::Unchecked {
+            rule: rule.name.clone(),
+        })
     }
 
     /// Routes a body that is not a valid request to the invalid queue, with why.
@@ -264,7 +317,12 @@ impl Pipeline {
         let id = properties.message_id().as_ref().map(|s| s.as_str());
         let props = broker::json_properties(id, &[(broker::REASON_HEADER, reason.clone())]);
         publisher
-            .publish("", &self.names.invalid, body, props)
+            .publish(
+                "",
+                &self.names.invalid,
+                body,
+                broker::carry(properties, props),
+            )
             .await?;
         metrics::counter!(telemetry::INVALID).increment(1);
         Ok(Handled::Invalid { reason })
@@ -304,7 +362,10 @@ impl Pipeline {
                 tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
                 std::future::pending::<()>().await;
             }
-            let props = broker::json_properties(Some(&message.id), &[]);
+            let props = broker::carry(
+                decoded.properties,
+                broker::json_properties(Some(&message.id), &[]),
+            );
             let started = Instant::now();
             decoded
                 .publisher
@@ -382,7 +443,7 @@ impl Pipeline {
             (broker::QUARANTINE_LAST_ERROR_HEADER, poison.reason.clone()),
         ];
         headers.extend(broker::replay_header(properties));
-        let props = broker::json_properties(id, &headers);
+        let props = broker::carry(properties, broker::json_properties(id, &headers));
         publisher
             .publish("", &self.names.quarantine, body, props)
             .await?;
@@ -420,9 +481,8 @@ impl Pipeline {
         headers.extend(Receipt::carried(properties));
         let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let queue = self.names.delay_queue(broker::delay_tier_for(wait_ms));
-        publisher
-            .publish("", &queue, body, broker::json_properties(id, &headers))
-            .await?;
+        let props = broker::carry(properties, broker::json_properties(id, &headers));
+        publisher.publish("", &queue, body, props).await?;
         metrics::counter!(telemetry::SLOTS_YIELDED).increment(1);
         tracing::warn!(message_id = ?id, queue = %queue, "message kept failing; it yields its slot");
         self.abandon(body, claim).await;
@@ -451,6 +511,7 @@ impl Pipeline {
                 kind: refusal.kind.to_owned(),
                 reason: refusal.reason.to_owned(),
                 shadow: refusal.shadow,
+                unchecked: refusal.unchecked,
                 retry_after: refusal.retry_after,
                 replay_of,
                 expires_at: refusal.expires_at,
@@ -467,12 +528,18 @@ impl Pipeline {
     }
 }
 
-/// What a denial row records of a refusal: the rule's, or an expiry's.
+/// The reason of an unchecked row, before the error that made Redis unavailable.
+pub const UNCHECKED_REASON: &str = "unchecked: redis unavailable";
+
+/// What a denial row records of a refusal: the rule's, an expiry's, or an unchecked
+/// dispatch's.
 struct Refusal<'a> {
     rule: &'a str,
     kind: &'a str,
     reason: &'a str,
     shadow: bool,
+    /// A dispatch without a decision (see [`Pipeline::unchecked`]).
+    unchecked: bool,
     retry_after: Option<DateTime<Utc>>,
     /// The message's deadline.
     expires_at: Option<DateTime<Utc>>,
@@ -486,6 +553,7 @@ impl<'a> Refusal<'a> {
             kind: verdict.kind,
             reason: &verdict.reason,
             shadow: false,
+            unchecked: false,
             retry_after: verdict.retry_after,
             expires_at: None,
         }
@@ -497,6 +565,8 @@ struct Decoded<'a> {
     publisher: &'a Publisher,
     message: &'a SendRequest,
     body: &'a [u8],
+    /// The delivery's properties: what the producer sent is carried onto every publish.
+    properties: &'a BasicProperties,
     now: DateTime<Utc>,
     /// The denial this delivery replays, carried on whenever it is republished.
     replay_of: Option<i64>,
@@ -534,6 +604,7 @@ impl Decoded<'_> {
         }
         headers.extend(receipt.headers());
         let props = broker::json_properties(Some(&self.message.id), &headers);
+        let props = broker::carry(self.properties, props);
         self.publisher
             .publish(exchange, queue, self.body, props)
             .await

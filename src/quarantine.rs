@@ -109,6 +109,7 @@ pub async fn replay(
         };
         let headers: Vec<_> = broker::replay_header(&properties).into_iter().collect();
         let props = broker::json_properties(quarantined.message_id.as_deref(), &headers);
+        let props = broker::carry(&properties, props);
         publisher
             .publish(&names.requests, "", quarantined.body.as_bytes(), props)
             .await?;

@@ -46,6 +46,10 @@ pub const QUARANTINED: &str = "sendquota_quarantined_messages_total";
 pub const SLOTS_YIELDED: &str = "sendquota_slots_yielded_total";
 /// Counter: messages parked in a delay queue.
 pub const DELAYED: &str = "sendquota_delayed_messages_total";
+/// Counter: messages dispatched unchecked: Redis was unavailable and every rule matching them
+/// has `on_unavailable = "allow"` (each also counted under outcome `unchecked`). Apart from
+/// the outcome so an alert can watch fail-open dispatches whatever the channel.
+pub const UNCHECKED: &str = "sendquota_unchecked_dispatches_total";
 /// Counter: decisions answered from the deny cache, without Redis.
 pub const DENY_CACHE_HITS: &str = "sendquota_deny_cache_hits_total";
 /// Counter: ack frames sent to the broker, by `kind`: `multiple` (one frame settling a run of
@@ -109,6 +113,7 @@ pub const FAMILIES: &[Family] = &[
     Family::counter(QUARANTINED, "Messages moved to the quarantine queue."),
     Family::counter(SLOTS_YIELDED, "Messages that kept failing and moved to a delay queue, freeing their slot."),
     Family::counter(DELAYED, "Messages parked in a delay queue."),
+    Family::counter(UNCHECKED, "Messages dispatched unchecked while Redis was unavailable (rules with on_unavailable = allow)."),
     Family::counter(DENY_CACHE_HITS, "Decisions answered from the deny cache, without Redis."),
     Family::counter(ACK_FRAMES, "Ack frames sent to the broker, by kind (multiple, single)."),
     Family::counter(POLICY_RELOAD_FAILURES, "Rule reloads that did not apply (bad file, or no audit row); the running rules stayed."),
@@ -189,6 +194,7 @@ fn describe() {
         QUARANTINED,
         SLOTS_YIELDED,
         DELAYED,
+        UNCHECKED,
         DENY_CACHE_HITS,
         POLICY_RELOAD_FAILURES,
     ] {

@@ -370,7 +370,9 @@ impl Task {
             match handled {
                 Ok(handled) => {
                     let request = self.request.as_ref().as_ref().ok();
-                    if let (Handled::Dispatched { .. }, Some(request)) = (&handled, request) {
+                    if let (Handled::Dispatched { .. } | Handled::Unchecked { .. }, Some(request)) =
+                        (&handled, request)
+                    {
                         self.unrouted.routed(&request.channel);
                     }
                     // Counted once the outcome is durable, not per attempt.

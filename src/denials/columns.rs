@@ -1,7 +1,7 @@
 //! The columns of a denial row, listed once: the insert names each of them, and every read
 //! selects them.
 //!
-//! The insert calls `denials_insert` (migrations/*_denial_expires_at.sql), which takes one
+//! The insert calls `denials_insert` (migrations/*_denial_unchecked.sql), which takes one
 //! array per column. Its parameters are named in the call (`message_ids => $1, ...`) from the
 //! same line of [`written!`] that binds the field, so no two arrays of one type can trade
 //! places unnoticed: moving a line moves its name with it, and a line whose parameter is not
@@ -111,6 +111,7 @@ written! {
     "denied_ats" <- denied_at,
     "replay_ofs" <- replay_of,
     "expires_ats" <- expires_at,
+    "uncheckeds" <- unchecked,
 }
 
 /// The insert of a batch of `rows`, every parameter named.
@@ -160,7 +161,7 @@ mod tests {
 
     #[test]
     fn the_insert_names_every_parameter_of_denials_insert() {
-        let migration = include_str!("../../migrations/20261126000001_denial_expires_at.sql");
+        let migration = include_str!("../../migrations/20261126000004_denial_unchecked.sql");
         let declared = migration
             .split("CREATE FUNCTION denials_insert(")
             .nth(1)

@@ -36,6 +36,10 @@ fn event_key<'a>(
     (recipient, message_id, rule, replay_of.unwrap_or(0))
 }
 
+/// The rows a replay may take: not replayed yet, and records of a message that was not sent
+/// (a shadow row's and an unchecked row's message went out).
+const REPLAYABLE: &str = "replayed_at IS NULL AND NOT shadow AND NOT unchecked";
+
 /// Migrations, compiled in so the binary can apply them without the source tree.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -116,6 +120,10 @@ pub struct DenialRow {
     /// The message's deadline (see [`crate::deadline`]): `replay` skips the row once it has
     /// passed. `None` for a message without one.
     pub expires_at: Option<DateTime<Utc>>,
+    /// Whether the row records a dispatch without a decision (Redis was unavailable and the
+    /// message's rules have `on_unavailable = "allow"`): like a shadow row, a message that
+    /// went out, which `replay` never takes.
+    pub unchecked: bool,
 }
 
 impl DenialRow {
@@ -137,6 +145,7 @@ impl DenialRow {
             denied_at,
             replay_of: None,
             expires_at: None,
+            unchecked: false,
         }
     }
 }
@@ -212,6 +221,7 @@ impl Denial {
             kind: &self.kind,
             reason: &self.reason,
             shadow: self.shadow,
+            unchecked: self.unchecked,
             denied_at: rfc3339(self.denied_at),
             retry_after: self.retry_after.map(rfc3339),
             replayed_at: self.replayed_at.map(rfc3339),
@@ -235,6 +245,7 @@ pub struct DenialJson<'a> {
     kind: &'a str,
     reason: &'a str,
     shadow: bool,
+    unchecked: bool,
     denied_at: String,
     retry_after: Option<String>,
     replayed_at: Option<String>,
@@ -363,11 +374,11 @@ impl DenialStore {
         Ok(id.unwrap_or(0))
     }
 
-    /// Claims up to `batch` unreplayed, non-shadow denials matching `filter` with an id in
-    /// `after_id + 1 ..= up_to`, oldest first, skipping rows another replay holds. The rows stay locked until
-    /// the claim is finished (marked replayed, committed) or dropped (rolled back, to be
-    /// replayed again later). Passing the last claimed id keeps each claim from walking past
-    /// rows this run already replayed.
+    /// Claims up to `batch` unreplayed denials of unsent messages ([`REPLAYABLE`]) matching
+    /// `filter` with an id in `after_id + 1 ..= up_to`, oldest first, skipping rows another
+    /// replay holds. The rows stay locked until the claim is finished (marked replayed,
+    /// committed) or dropped (rolled back, to be replayed again later). Passing the last
+    /// claimed id keeps each claim from walking past rows this run already replayed.
     pub async fn claim(
         &self,
         filter: &DenialFilter,
@@ -377,7 +388,7 @@ impl DenialStore {
     ) -> Result<Claim, DenialError> {
         let mut tx = self.pool.begin().await?;
         let mut q = sqlx::QueryBuilder::new(format!(
-            "SELECT {} FROM denials WHERE replayed_at IS NULL AND NOT shadow",
+            "SELECT {} FROM denials WHERE {REPLAYABLE}",
             columns::read()
         ));
         filter.push_conditions(&mut q);
@@ -392,7 +403,7 @@ impl DenialStore {
         Ok(Claim { tx, rows })
     }
 
-    /// Unreplayed, non-shadow denials matching `filter`, oldest first, without claiming them
+    /// Unreplayed denials of unsent messages matching `filter`, oldest first, without claiming them
     /// (what a dry run lists).
     pub async fn replayable(
         &self,
@@ -400,7 +411,7 @@ impl DenialStore {
         limit: i64,
     ) -> Result<Vec<Denial>, DenialError> {
         let mut q = sqlx::QueryBuilder::new(format!(
-            "SELECT {} FROM denials WHERE replayed_at IS NULL AND NOT shadow",
+            "SELECT {} FROM denials WHERE {REPLAYABLE}",
             columns::read()
         ));
         filter.push_conditions(&mut q);
@@ -408,16 +419,15 @@ impl DenialStore {
         Ok(q.build_query_as().fetch_all(&self.pool).await?)
     }
 
-    /// How many unreplayed, non-shadow denials matching `filter` (its `live_at` aside) a replay
+    /// How many unreplayed denials of unsent messages matching `filter` (its `live_at` aside) a replay
     /// at `now` skips because their message's deadline has passed: what a dry run reports.
     pub async fn past_deadline(
         &self,
         filter: &DenialFilter,
         now: DateTime<Utc>,
     ) -> Result<i64, DenialError> {
-        let mut q = sqlx::QueryBuilder::new(
-            "SELECT count(*) FROM denials WHERE replayed_at IS NULL AND NOT shadow",
-        );
+        let mut q =
+            sqlx::QueryBuilder::new(format!("SELECT count(*) FROM denials WHERE {REPLAYABLE}"));
         let filter = DenialFilter {
             live_at: None,
             ..filter.clone()

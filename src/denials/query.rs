@@ -24,6 +24,8 @@ pub struct DenialFilter {
     pub until: Option<DateTime<Utc>>,
     /// Only shadow (true) or only real (false) denials.
     pub shadow: Option<bool>,
+    /// Only unchecked dispatches (true) or only the other rows (false).
+    pub unchecked: Option<bool>,
     /// Only replayed (true) or only unreplayed (false) denials.
     pub replayed: Option<bool>,
     /// Only denials whose retry_after has passed at this instant (replay `--due`).
@@ -75,6 +77,9 @@ impl DenialFilter {
         }
         if let Some(shadow) = self.shadow {
             q.push(" AND shadow = ").push_bind(shadow);
+        }
+        if let Some(unchecked) = self.unchecked {
+            q.push(" AND unchecked = ").push_bind(unchecked);
         }
         match self.replayed {
             Some(true) => q.push(" AND replayed_at IS NOT NULL"),

@@ -70,6 +70,30 @@ pub fn day_number(at: DateTime<Utc>, zone: Tz) -> DayNumber {
 /// the earlier one. A day that a zone skipped entirely (Pacific/Apia, 2011-12-30) begins when
 /// the next day does.
 pub fn day_start(day: DayNumber, zone: Tz) -> DateTime<Utc> {
+    // Every calendar decision asks for today's and the window's first day's start, mostly of
+    // a few zones and days: remembered per thread (a few hundred instructions of zone
+    // arithmetic each otherwise). A pure function, so a slot holding another key is simply
+    // overwritten.
+    const SLOTS: usize = 64;
+    thread_local! {
+        static STARTS: [std::cell::Cell<(u32, DayNumber, i64)>; SLOTS] =
+            const { [const { std::cell::Cell::new((u32::MAX, 0, 0)) }; SLOTS] };
+    }
+    let key = (zone as u32, day);
+    let slot = (key.0 as usize).wrapping_mul(31).wrapping_add(day as usize) % SLOTS;
+    let cached = STARTS.with(|s| s[slot].get());
+    if (cached.0, cached.1) == key {
+        if let Some(start) = DateTime::from_timestamp_millis(cached.2) {
+            return start;
+        }
+    }
+    let start = compute_day_start(day, zone);
+    STARTS.with(|s| s[slot].set((key.0, key.1, start.timestamp_millis())));
+    start
+}
+
+/// [`day_start`], computed.
+fn compute_day_start(day: DayNumber, zone: Tz) -> DateTime<Utc> {
     let mut day = day;
     loop {
         if let Some(start) = first_instant_of(epoch() + Duration::days(day), zone) {

@@ -36,6 +36,32 @@ pub enum LimiterError {
     Redis(#[from] redis::RedisError),
 }
 
+impl LimiterError {
+    /// Whether Redis is away rather than failing this call: unreachable, the connection
+    /// refused, dropped or timed out (all I/O errors), no node to serve the slot, or a server
+    /// that cannot take the call now (loading its data, cluster down, master down, a
+    /// failover's TRYAGAIN, a demoted replica's READONLY). A rule with `on_unavailable =
+    /// "allow"` lets a message out unchecked only then; a script error, a reply the worker
+    /// cannot read, or a refusal of the call itself (permissions, configuration) are not
+    /// unavailability and keep their retries and quarantine.
+    pub fn is_unavailable(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        let LimiterError::Redis(e) = self;
+        matches!(
+            e.kind(),
+            ErrorKind::Io
+                | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ReadOnly
+                )
+        )
+    }
+}
+
 /// What deciding a message in Redis came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Evaluation {
@@ -182,7 +208,8 @@ impl Limiter {
     /// What `check` and `POST /v1/check` print for `message` decided at `now` (committed with
     /// `commit`), as the worker would decide a message it receives at `now`: one already past
     /// its deadline is not evaluated (nothing is read or taken; outcome `expired`), and the
-    /// report carries the message's `deadline` when it has one.
+    /// report carries the message's `deadline` when it has one, and what Redis being
+    /// unavailable would do to it when a rule sets `on_unavailable`.
     pub async fn check_report(
         &self,
         policy: &Policy,
@@ -207,7 +234,8 @@ impl Limiter {
                 (report, receipt.deadline_after(message, policy, verdicts))
             }
         };
-        Ok(decision::explain_deadline(report, deadline))
+        let report = decision::explain_deadline(report, deadline);
+        Ok(decision::explain_unavailable(report, policy, message))
     }
 
     /// Decides and commits `message` as [`Limiter::evaluate`] does, for the delivery holding
@@ -855,5 +883,67 @@ fn verdict(
         remaining: rule.kind.remaining(raw.remaining),
         retry_after,
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LimiterError;
+
+    /// The error redis-rs makes of a server's error reply `reply` (`-LOADING ...`).
+    fn replied(reply: &str) -> LimiterError {
+        let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes())
+            .expect("an error reply parses");
+        match value.extract_error() {
+            Err(e) => LimiterError::Redis(e),
+            Ok(v) => panic!("{reply} is not an error: {v:?}"),
+        }
+    }
+
+    fn io(kind: std::io::ErrorKind) -> LimiterError {
+        LimiterError::Redis(std::io::Error::from(kind).into())
+    }
+
+    #[test]
+    fn redis_away_is_unavailable() {
+        for kind in [
+            std::io::ErrorKind::ConnectionRefused,
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::TimedOut,
+        ] {
+            assert!(io(kind).is_unavailable(), "{kind:?}");
+        }
+        for reply in [
+            "LOADING Redis is loading the dataset in memory",
+            "CLUSTERDOWN The cluster is down",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert!(replied(reply).is_unavailable(), "{reply}");
+        }
+        let no_node =
+            redis::RedisError::from((redis::ErrorKind::ClusterConnectionNotFound, "no connection"));
+        assert!(LimiterError::Redis(no_node).is_unavailable());
+    }
+
+    #[test]
+    fn a_failing_call_to_a_redis_that_is_there_is_not_unavailable() {
+        for reply in [
+            "ERR user_script:12: attempt to compare nil with number",
+            "NOSCRIPT No matching script. Please use EVAL.",
+            "NOPERM User worker has no permissions to run the 'evalsha' command",
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ] {
+            assert!(!replied(reply).is_unavailable(), "{reply}");
+        }
+        let unreadable = redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "reply is not a decision",
+        ));
+        assert!(!LimiterError::Redis(unreadable).is_unavailable());
     }
 }

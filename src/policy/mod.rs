@@ -59,6 +59,10 @@ pub struct Rule {
     /// Which priorities pass the rule, and the slots it keeps for the higher ones.
     #[serde(flatten)]
     pub priority: PriorityRules,
+    /// What a message the rule matches comes to while Redis cannot decide it. Printed only
+    /// when it is not the default, as the other options added since (`max_delay`, `exempt`).
+    #[serde(skip_serializing_if = "OnUnavailable::is_wait")]
+    pub on_unavailable: OnUnavailable,
     /// The attribute key a `digest` rule groups held messages by, beside the recipient and
     /// the rule (see [`crate::digest`]): one digest per campaign, say. `None` groups by
     /// recipient and rule alone, and always for other rules.
@@ -138,6 +142,28 @@ impl OnDeny {
     }
 }
 
+/// What a rule lets happen to a message while Redis is unavailable (see
+/// `LimiterError::is_unavailable`): the rule cannot be checked then, and an operator chooses
+/// per rule between holding the message and sending it unchecked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnavailable {
+    /// Keep the message and decide it once Redis is back (the worker retries it; nothing is
+    /// sent unchecked): a cap that must hold whatever happens.
+    #[default]
+    Wait,
+    /// Fail open: dispatch it unchecked (no quota taken, no duplicate protection), record a
+    /// row marked `unchecked` and count it, when every rule matching the message says so.
+    Allow,
+}
+
+impl OnUnavailable {
+    /// Whether this is the default, which `config check` leaves out.
+    pub fn is_wait(&self) -> bool {
+        *self == OnUnavailable::Wait
+    }
+}
+
 impl Policy {
     /// The policy that applies when no config file is given: the headline rule alone.
     pub fn headline(default_zone: Tz) -> Policy {
@@ -152,6 +178,7 @@ impl Policy {
                 on_deny: OnDeny::Drop,
                 max_delay: None,
                 priority: PriorityRules::default(),
+                on_unavailable: OnUnavailable::Wait,
                 digest_by: None,
             }],
         }
@@ -208,6 +235,40 @@ impl Policy {
                     && r.priority.ignores(message.priority)
             })
             .collect()
+    }
+
+    /// The rule a message fails open under while Redis is unavailable: the first rule matching
+    /// `message` when every one of them has `on_unavailable = "allow"`; `None` when one of them
+    /// waits (the strictest rule wins: a cap that must hold is not bypassed because another
+    /// rule would tolerate it) or none matches (nothing asked for it).
+    pub fn fails_open(&self, message: &SendRequest) -> Option<&Rule> {
+        let rules = self.rules_for(message);
+        if rules
+            .iter()
+            .all(|r| r.on_unavailable == OnUnavailable::Allow)
+        {
+            rules.first().copied()
+        } else {
+            None
+        }
+    }
+
+    /// What the worker does with `message` while Redis is unavailable, when some rule matching
+    /// it sets `on_unavailable = "allow"`: `allow` when it fails open, `wait` when another
+    /// matching rule keeps it waiting; `None` when no matching rule sets it (nothing to
+    /// explain: it waits, as always). What `check` explains.
+    pub fn on_unavailable(&self, message: &SendRequest) -> Option<OnUnavailable> {
+        let rules = self.rules_for(message);
+        if !rules
+            .iter()
+            .any(|r| r.on_unavailable == OnUnavailable::Allow)
+        {
+            return None;
+        }
+        Some(match self.fails_open(message) {
+            Some(_) => OnUnavailable::Allow,
+            None => OnUnavailable::Wait,
+        })
     }
 
     /// Looks a rule up by name.
@@ -348,5 +409,39 @@ mod tests {
         };
         assert_eq!(peeked(&Attributes::default()), ["all"]);
         assert_eq!(peeked(&both.attributes), ["c", "all"]);
+    }
+
+    #[test]
+    fn a_message_fails_open_only_when_every_rule_matching_it_allows() {
+        let p = policy(
+            "[[rules]]\nname = \"open\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"1d\"\n\
+             on_unavailable = \"allow\"\n\
+             [[rules]]\nname = \"push-cap\"\nkind = \"fixed_window\"\nlimit = 1\n\
+             window = \"1d\"\nmatch = { channels = [\"push\"] }\n\
+             [[rules]]\nname = \"mail-open\"\nkind = \"fixed_window\"\nlimit = 1\n\
+             window = \"1d\"\nmatch = { channels = [\"mail\"] }\non_unavailable = \"allow\"\n",
+        );
+        let on = |channel: &str| {
+            let body = serde_json::json!({"id": "m", "recipient": "u", "channel": channel});
+            SendRequest::decode(body.to_string().as_bytes(), 4096).expect("valid")
+        };
+        let open = |m: &SendRequest| p.fails_open(m).map(|r| r.name.clone());
+        assert_eq!(open(&on("sms")), Some("open".to_owned()));
+        assert_eq!(open(&on("mail")), Some("open".to_owned()), "the first rule");
+        assert_eq!(open(&on("push")), None, "push-cap waits");
+        assert_eq!(p.on_unavailable(&on("sms")), Some(OnUnavailable::Allow));
+        assert_eq!(p.on_unavailable(&on("push")), Some(OnUnavailable::Wait));
+        let waiting = Policy::headline(chrono_tz::UTC);
+        assert_eq!(waiting.fails_open(&on("sms")), None);
+        assert_eq!(
+            waiting.on_unavailable(&on("sms")),
+            None,
+            "nothing to explain"
+        );
+        let none = policy(
+            "[[rules]]\nname = \"mail-only\"\nkind = \"fixed_window\"\nlimit = 1\n\
+             window = \"1d\"\nmatch = { channels = [\"mail\"] }\non_unavailable = \"allow\"\n",
+        );
+        assert_eq!(none.fails_open(&on("sms")), None, "no rule asked for it");
     }
 }

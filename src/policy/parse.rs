@@ -6,7 +6,7 @@ use chrono::NaiveTime;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use super::{Match, OnDeny, Policy, Rule, Scope};
+use super::{Match, OnDeny, OnUnavailable, Policy, Rule, Scope};
 use crate::attributes::MAX_ATTRIBUTES;
 use crate::kinds::Kind;
 use crate::message::{name_fault, one_line, MAX_NAME_CHARS, NAME_GRAMMAR};
@@ -53,6 +53,7 @@ pub struct RawRule {
     #[serde(default)]
     reserve: Option<RawReserve>,
     #[serde(default)]
+    on_unavailable: Option<OnUnavailable>,
     digest_by: Option<String>,
     #[serde(flatten)]
     params: toml::Table,
@@ -120,6 +121,19 @@ impl<'de> Deserialize<'de> for OnDeny {
     }
 }
 
+impl<'de> Deserialize<'de> for OnUnavailable {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "wait" => Ok(OnUnavailable::Wait),
+            "allow" => Ok(OnUnavailable::Allow),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown on_unavailable \"{}\" (expected wait or allow)",
+                one_line(other)
+            ))),
+        }
+    }
+}
+
 impl Policy {
     /// Validates configured rules. No rules at all means the headline rule alone.
     pub fn from_raw(default_zone: Tz, raw: Vec<RawRule>) -> Result<Policy, PolicyError> {
@@ -159,6 +173,7 @@ impl Policy {
                 on_deny,
                 max_delay,
                 priority,
+                on_unavailable: r.on_unavailable.unwrap_or_default(),
                 digest_by,
                 name: r.name,
             });

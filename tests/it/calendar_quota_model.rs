@@ -115,6 +115,7 @@ pub(crate) fn one_rule_with(q: CalendarQuota, priority: PriorityRules) -> Policy
             on_deny: OnDeny::Drop,
             max_delay: None,
             priority,
+            on_unavailable: Default::default(),
             digest_by: None,
         }],
     }

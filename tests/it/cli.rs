@@ -136,7 +136,10 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
          window_days = 7\nexempt = [\"critical\", \"high\"]\nexempt_counts = true\n\
          reserve = { slots = 1, for = \"high\", until = \"18:00\" }\n\
          [[rules]]\nname = \"weekly-news\"\nkind = \"calendar_quota\"\nper_day = 1\n\
-         on_deny = \"digest\"\ndigest_by = \"campaign\"\n",
+         on_deny = \"digest\"\ndigest_by = \"campaign\"\n\
+         [[rules]]\nname = \"open\"\nkind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\n\
+         on_unavailable = \"allow\"\n[[rules]]\nname = \"waits\"\nkind = \"fixed_window\"\n\
+         limit = 5\nwindow = \"1h\"\non_unavailable = \"wait\"\n",
     );
     let first = config_check(Some(&config));
     assert_eq!(first.code, 0, "{}", first.stderr);
@@ -157,6 +160,18 @@ fn config_check_output_is_a_config_that_loads_to_the_same_output() {
             first.stdout
         );
     }
+    // Said only where it is not the default (wait), as the other options.
+    assert_eq!(
+        first.stdout.matches("on_unavailable").count(),
+        1,
+        "{}",
+        first.stdout
+    );
+    assert!(
+        first.stdout.contains("on_unavailable = \"allow\""),
+        "{}",
+        first.stdout
+    );
     assert!(
         first
             .stdout
@@ -506,7 +521,7 @@ async fn denials_lists_a_worker_denial_as_json_table_and_csv_with_filters() {
         json!({
             "id": row["id"], "message_id": "second", "recipient": "alice", "channel": "sms",
             "category": "default", "rule": "headline", "kind": "calendar_quota",
-            "reason": reason, "shadow": false, "denied_at": at(now),
+            "reason": reason, "shadow": false, "unchecked": false, "denied_at": at(now),
             "retry_after": at(midnight), "replayed_at": null, "replay_of": null,
             "expires_at": null, "message": stored,
         })

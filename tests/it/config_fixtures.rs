@@ -60,6 +60,8 @@ refused! {
     digest_by_no_request_can_carry => "rule \"r\": digest_by entry \"campaign id\" holds U+0020, \
         so no request can carry it: a name is one or more words of letters, digits, `_` and `-` \
         joined by single dots, such as `sms` or `push.ios`",
+    unknown_on_unavailable => "config file FILE: line 4: unknown on_unavailable \"open\" (expected \
+        wait or allow)",
     per_day_above_per_window => "rule \"r\": per_day (4) is larger than per_window (3)",
     too_many_threads => "[worker] threads must be between 0 and 1024 (got 100000)",
     zero_max_connections => "[database] max_connections must be between 1 and 1000 (got 0)",

@@ -188,6 +188,7 @@ fn row(
         denied_at,
         replay_of,
         expires_at: None,
+        unchecked: false,
     }
 }
 

@@ -147,12 +147,7 @@ async fn a_denial_postgres_refuses_for_its_data_is_quarantined_and_its_batch_is_
 #[tokio::test]
 async fn a_quarantined_message_is_listed_and_replayed_once_its_cause_is_fixed() {
     let mut env = TestEnv::new().await;
-    env.refuse_denials_to("picky").await;
-    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
-    env.start_worker(&clock);
-    let mut seen = HashMap::new();
-    env.publish(&request("p1", "picky", "UTC")).await;
-    assert!(env.outcome("p1", &mut seen).await);
+    let (_clock, mut seen) = env.start_worker_quarantining_picky().await;
     env.publish(&request("p2", "picky", "UTC")).await;
 
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

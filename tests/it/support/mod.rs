@@ -313,6 +313,22 @@ impl TestEnv {
         .await;
     }
 
+    /// Starts the worker (at 2026-02-02 09:00 UTC) with the denials of recipient `picky`
+    /// refused ([`TestEnv::refuse_denials_to`]) and picky's day used by message `p1`, which it
+    /// waits for: the next message to picky is denied, its row refused, and it is quarantined.
+    /// Returns the worker's clock and the ids dispatched so far.
+    pub async fn start_worker_quarantining_picky(
+        &mut self,
+    ) -> (ManualClock, HashMap<String, usize>) {
+        self.refuse_denials_to("picky").await;
+        let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+        self.start_worker(&clock);
+        let mut seen = HashMap::new();
+        self.publish(&request("p1", "picky", "UTC")).await;
+        assert!(self.outcome("p1", &mut seen).await, "p1 uses picky's day");
+        (clock, seen)
+    }
+
     /// Undoes [`TestEnv::refuse_denials_to`] (and [`refuse_denials_of`]): the cause of the
     /// quarantine is fixed.
     pub async fn accept_denials(&self) {

@@ -1,0 +1,247 @@
+//! A rule's `on_unavailable` through the real worker, on a private Redis that is stopped and
+//! started again: with `allow` a message Redis cannot decide is dispatched unchecked, recorded
+//! once as a row marked unchecked and counted; with `wait` (the default), alone or beside an
+//! `allow` rule, it is kept until Redis is back and then decided as always.
+
+use crate::support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use sendquota::clock::ManualClock;
+use sendquota::internals::denials::{DenialFilter, DenialStore};
+use sendquota::internals::telemetry;
+use support::http::{http, wait_until_ready};
+use support::private::{free_port, PrivateRedis};
+use support::{local, request, TestEnv, OUTCOME_TIMEOUT};
+
+/// The channel of every message here, named by the rules so the outcome counter has a series
+/// of its own for it (the metrics are the test process's, shared with other tests).
+const CHANNEL: &str = "fail-open";
+
+/// The headline caps on [`CHANNEL`], failing open.
+const ALLOW: &str = "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\n\
+    per_window = 3\nwindow_days = 7\nmatch = { channels = [\"fail-open\"] }\n\
+    on_unavailable = \"allow\"\n";
+
+/// A rule on [`CHANNEL`] that waits for Redis (the default).
+const STRICT: &str = "[[rules]]\nname = \"hourly\"\nkind = \"fixed_window\"\nlimit = 10\n\
+    window = \"1h\"\nmatch = { channels = [\"fail-open\"] }\n";
+
+/// A request on [`CHANNEL`].
+fn message(id: &str, recipient: &str) -> serde_json::Value {
+    let mut m = request(id, recipient, "UTC");
+    m["channel"] = CHANNEL.into();
+    m
+}
+
+/// A worker under `policy` on a private Redis of its own, with its admin API, ready.
+async fn worker_on_private_redis(policy: &str) -> (TestEnv, PrivateRedis, u16) {
+    let redis = tokio::task::spawn_blocking(PrivateRedis::start)
+        .await
+        .expect("private redis");
+    let mut env = TestEnv::with_config(policy).await;
+    env.settings.redis.url = redis.url();
+    let port = free_port();
+    env.settings.admin.listen = format!("127.0.0.1:{port}");
+    env.start_worker(&ManualClock::new(local("UTC", "2026-04-01 09:00")));
+    wait_until_ready(port).await;
+    (env, redis, port)
+}
+
+/// The value of the series `series` (name and labels) in the worker's `/metrics`.
+async fn metric(port: u16, series: &str) -> u64 {
+    let metrics = http(port, "GET", "/metrics", None, "").await.body;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Publishes every id in `ids` twice (two copies in flight), `ids[i]` to recipient `r<i>`.
+async fn publish_twice(env: &TestEnv, ids: &[&str]) {
+    for _copy in 0..2 {
+        for (i, id) in ids.iter().enumerate() {
+            env.publish(&message(id, &format!("r{i}"))).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_allow_a_message_redis_cannot_decide_is_dispatched_unchecked_and_recorded_once() {
+    let (mut env, redis, port) = worker_on_private_redis(ALLOW).await;
+    let mut seen = HashMap::new();
+    env.publish(&message("before", "alice")).await;
+    assert!(env.outcome("before", &mut seen).await, "decided in Redis");
+
+    tokio::task::block_in_place(|| redis.stop());
+    // Alice's second message today: Redis would deny it, but nothing can ask Redis.
+    env.publish(&message("late", "alice")).await;
+    let ids = ["m0", "m1", "m2"];
+    publish_twice(&env, &ids).await;
+    let unchecked = format!(
+        "{}{{outcome=\"unchecked\",channel=\"{CHANNEL}\",category=\"other\"}}",
+        telemetry::DECISIONS
+    );
+    let deliveries = 1 + 2 * ids.len() as u64;
+    let deadline = Instant::now() + 2 * OUTCOME_TIMEOUT;
+    while metric(port, &unchecked).await < deliveries {
+        assert!(
+            Instant::now() < deadline,
+            "every copy was handled unchecked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for id in ["late"].iter().chain(&ids) {
+        env.dispatched(id, &mut seen).await;
+    }
+    assert_eq!(metric(port, &unchecked).await, deliveries);
+    assert!(metric(port, telemetry::UNCHECKED).await >= deliveries);
+    // `check` needs Redis: it fails as for any unreachable service, and explains nothing.
+    let check = env
+        .cli_with(
+            ALLOW,
+            &["check", "--message", &message("c", "alice").to_string()],
+        )
+        .env("SENDQUOTA_REDIS_URL", redis.url())
+        .output()
+        .expect("run check");
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("sendquota: redis"), "{stderr}");
+
+    let rows = env.denials().await;
+    let recorded: Vec<&str> = rows.iter().map(|d| d.message_id.as_str()).collect();
+    assert_eq!(
+        recorded.len(),
+        4,
+        "one row per message, copies included: {recorded:?}"
+    );
+    for id in ["late"].iter().chain(&ids) {
+        assert!(recorded.contains(id), "{id} recorded: {recorded:?}");
+    }
+    for row in &rows {
+        assert!(row.unchecked && !row.shadow, "{row:?}");
+        assert_eq!(
+            (row.rule.as_str(), row.kind.as_str()),
+            ("daily", "calendar_quota")
+        );
+        assert!(
+            row.reason
+                .starts_with("unchecked: redis unavailable (redis: "),
+            "{}",
+            row.reason
+        );
+        assert_eq!(row.retry_after, None);
+    }
+
+    tokio::task::block_in_place(|| redis.start_again());
+    wait_until_ready(port).await;
+    // Decided in Redis again: "before" still holds alice's day ("late" took nothing).
+    env.publish(&message("after", "alice")).await;
+    assert!(
+        !env.outcome("after", &mut seen).await,
+        "alice's day is full"
+    );
+    env.publish(&message("fresh", "r9")).await;
+    assert!(env.outcome("fresh", &mut seen).await);
+    let rows = env.denials().await;
+    let after = rows.last().expect("the denial of after");
+    assert_eq!(
+        (after.message_id.as_str(), after.unchecked),
+        ("after", false)
+    );
+
+    // A replay takes the denial, never the messages that went out unchecked.
+    let store = DenialStore::from_pool(env.pool.clone());
+    let replayable = store
+        .replayable(&DenialFilter::default(), 100)
+        .await
+        .expect("replayable denials");
+    let replayable: Vec<&str> = replayable.iter().map(|d| d.message_id.as_str()).collect();
+    assert_eq!(replayable, ["after"]);
+    let out = env
+        .cli(&["denials", "--unchecked", "true", "--recipient", "alice"])
+        .output()
+        .expect("run denials");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(table.lines().count(), 2, "a header and late: {table}");
+    assert!(table.contains(" daily (unchecked) "), "{table}");
+    env.stop_worker().await;
+}
+
+/// Under `policy`, messages published while Redis is stopped are not sent; once it is back
+/// each is decided in Redis: dispatched once (its copy finds the dispatch mark), no row.
+async fn messages_wait_for_redis(policy: &str) {
+    let (mut env, redis, port) = worker_on_private_redis(policy).await;
+    tokio::task::block_in_place(|| redis.stop());
+    let ids = ["w0", "w1", "w2"];
+    publish_twice(&env, &ids).await;
+    let held = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < held {
+        assert_eq!(
+            env.take_dispatched().await,
+            Vec::<String>::new(),
+            "nothing is sent unchecked"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(env.denial_rows().await, 0);
+
+    tokio::task::block_in_place(|| redis.start_again());
+    wait_until_ready(port).await;
+    let mut seen = HashMap::new();
+    for id in ids {
+        env.dispatched(id, &mut seen).await;
+    }
+    env.copies_decided().await;
+    for d in env.take_dispatched().await {
+        *seen.entry(d).or_default() += 1;
+    }
+    assert_eq!(seen, ids.iter().map(|id| (id.to_string(), 1)).collect());
+    assert_eq!(env.denial_rows().await, 0);
+    env.stop_worker().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_message_waits_until_redis_is_back() {
+    messages_wait_for_redis(&ALLOW.replace("on_unavailable = \"allow\"\n", "")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_one_of_whose_rules_waits_waits_beside_an_allow_rule() {
+    messages_wait_for_redis(&format!("{ALLOW}{STRICT}")).await;
+}
+
+/// `check` decides in Redis as ever, and says what the worker would do with the message were
+/// Redis unavailable, where a rule matching it sets `on_unavailable = "allow"`.
+#[tokio::test]
+async fn check_says_whether_a_message_would_go_out_unchecked() {
+    let env = TestEnv::new().await;
+    let at = "2026-04-01T09:00:00Z";
+    let open = env.check(ALLOW, at, &message("c1", "alice"));
+    assert_eq!(
+        (open["outcome"].as_str(), open["on_unavailable"].as_str()),
+        (Some("allow"), Some("allow")),
+        "{open}"
+    );
+    let mixed = env.check(&format!("{ALLOW}{STRICT}"), at, &message("c1", "alice"));
+    assert_eq!(mixed["on_unavailable"], "wait", "{mixed}");
+    for (policy, body) in [
+        (STRICT, message("c1", "alice")),
+        (ALLOW, request("c1", "alice", "UTC")),
+    ] {
+        let waits = env.check(policy, at, &body);
+        assert_eq!(
+            waits.get("on_unavailable"),
+            None,
+            "no rule asks for it: {waits}"
+        );
+    }
+}
