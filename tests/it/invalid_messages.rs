@@ -336,7 +336,7 @@ fn memory_kib(pid: u32, field: &str) -> u64 {
 /// the README states: what the broker may hand it at once (the prefetch, at most the broker's
 /// `max_message_size` each), held at most about twice (lapin's receive buffer, and the frames
 /// of the invalid-queue publish). The allocator keeps what it took for the next bodies: a
-/// second wave takes no more.
+/// second wave takes about as much, not a wave's bodies more (no leak).
 #[tokio::test]
 async fn oversized_bodies_go_to_the_invalid_queue_whole_within_bounded_memory() {
     const BODIES: usize = 16;
@@ -388,8 +388,11 @@ async fn oversized_bodies_go_to_the_invalid_queue_whole_within_bounded_memory() 
         "{:.0} MiB grown for {bodies_mib:.0} MiB of bodies",
         peaks[0]
     );
+    // A leak would keep a wave's bodies (64 MiB) for good; how many bodies of one wave are
+    // held at once varies with the machine's load (20-28 MiB each wave alone, 28 then 46 MiB
+    // once under the whole suite), so the second wave may take up to half a wave's bodies more.
     assert!(
-        peaks[1] <= peaks[0] + bodies_mib / 4.0,
+        peaks[1] <= peaks[0] + bodies_mib / 2.0,
         "the second wave took more: {peaks:?} MiB"
     );
     let invalid = env.drain(&env.names.invalid).await;
