@@ -550,7 +550,7 @@ pub fn json_properties(message_id: Option<&str>, headers: &[(&str, String)]) -> 
 /// headers (`x-sendquota-*`, which each publish sets itself, so a producer's forged one never
 /// passes) and those the broker adds when it dead-letters or redelivers (`x-death`,
 /// `x-first-death-*`, `x-last-death-*`, `x-delivery-count`), which would grow with every trip
-/// through a delay queue. A header the publish sets itself wins.
+/// through a delay queue, and the sender-selected routing keys `CC` and `BCC`. A header the publish sets itself wins.
 pub fn carry(from: &BasicProperties, mut properties: BasicProperties) -> BasicProperties {
     if let Some(id) = from.correlation_id() {
         properties = properties.with_correlation_id(id.clone());
@@ -575,7 +575,11 @@ fn is_application_header(name: &str) -> bool {
         "x-last-death-",
         "x-delivery-count",
     ];
-    !name.starts_with("x-sendquota-") && !BROKERS.iter().any(|b| name.starts_with(b))
+    // `CC` and `BCC` are routing keys to RabbitMQ: carried, they would route every republish
+    // (a dispatch, a delay) to the producer's extra queues too.
+    !name.starts_with("x-sendquota-")
+        && !BROKERS.iter().any(|b| name.starts_with(b))
+        && !matches!(name, "CC" | "BCC")
 }
 
 /// A string header of a delivery, if present.

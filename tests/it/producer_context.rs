@@ -30,6 +30,11 @@ fn producer_properties() -> BasicProperties {
     ] {
         headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
     }
+    // An extra routing key (RabbitMQ's sender-selected distribution): an array of strings.
+    let cc = vec![AMQPValue::LongString(LongString::from(
+        "sendquota.test.elsewhere",
+    ))];
+    headers.insert("CC".into(), AMQPValue::FieldArray(cc.into()));
     BasicProperties::default()
         .with_correlation_id(ShortString::from("order-1234"))
         .with_headers(headers)
@@ -74,6 +79,14 @@ fn assert_carried(properties: &BasicProperties, where_: &str) {
         broker::header(properties, "x-death"),
         None,
         "{where_}: the broker's x-death is not carried"
+    );
+    let carried_cc = properties
+        .headers()
+        .as_ref()
+        .is_some_and(|h| h.inner().contains_key("CC"));
+    assert!(
+        !carried_cc,
+        "{where_}: a CC routing key would route the republish elsewhere too"
     );
 }
 
