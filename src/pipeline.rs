@@ -417,16 +417,18 @@ impl Pipeline {
     /// Moves a message a service refuses for good to the quarantine queue, with `poison` in its
     /// headers, and gives back whatever it took: the quota of every rule (a shadow rule's
     /// denial row is written before the dispatch) and its in-flight claim. The caller acks it.
+    /// `message` is the body as the worker decoded it on delivery (`None` when it is no
+    /// request).
     pub async fn quarantine(
         &self,
         publisher: &Publisher,
+        message: Option<&SendRequest>,
         body: &[u8],
         properties: &BasicProperties,
         claim: &Claim,
         poison: &Poison,
     ) -> Result<(), HandleError> {
-        let message = SendRequest::decode(body, self.max_body_bytes).ok();
-        let id = match &message {
+        let id = match message {
             Some(m) => Some(m.id.as_str()),
             None => properties.message_id().as_ref().map(|s| s.as_str()),
         };
@@ -447,7 +449,7 @@ impl Pipeline {
         publisher
             .publish("", &self.names.quarantine, body, props)
             .await?;
-        if let Some(message) = &message {
+        if let Some(message) = message {
             self.limiter
                 .refund(
                     &self.rules.current().policy,
@@ -471,6 +473,7 @@ impl Pipeline {
     pub async fn yield_slot(
         &self,
         publisher: &Publisher,
+        message: Option<&SendRequest>,
         body: &[u8],
         properties: &BasicProperties,
         claim: &Claim,
@@ -485,15 +488,16 @@ impl Pipeline {
         publisher.publish("", &queue, body, props).await?;
         metrics::counter!(telemetry::SLOTS_YIELDED).increment(1);
         tracing::warn!(message_id = ?id, queue = %queue, "message kept failing; it yields its slot");
-        self.abandon(body, claim).await;
+        self.abandon(message, claim).await;
         Ok(())
     }
 
     /// Drops the delivery's in-flight claim on its message, for a delivery given up without a
-    /// dispatch (it goes back to the queue): its copies need not wait out the lease.
-    pub async fn abandon(&self, body: &[u8], claim: &Claim) {
-        if let Ok(message) = SendRequest::decode(body, self.max_body_bytes) {
-            self.limiter.release_claim(&message, claim).await;
+    /// dispatch (it goes back to the queue): its copies need not wait out the lease. Nothing
+    /// to drop for a body that is no request (`None`).
+    pub async fn abandon(&self, message: Option<&SendRequest>, claim: &Claim) {
+        if let Some(message) = message {
+            self.limiter.release_claim(message, claim).await;
         }
     }
 

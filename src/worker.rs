@@ -404,11 +404,12 @@ impl Task {
     /// the channel is gone or the worker stops. Returns whether the delivery is settled.
     async fn after_failure(&mut self, delivery: &Delivery, claim: &Claim, f: &Failures) -> bool {
         let (body, properties) = (&delivery.data, &delivery.properties);
+        let message = self.request.as_ref().as_ref().ok();
         if outcome::after_failure(f.refused_in_a_row) == Next::Quarantine {
             let poison = f.poison();
             let quarantined = self
                 .pipeline
-                .quarantine(&self.publisher, body, properties, claim, &poison)
+                .quarantine(&self.publisher, message, body, properties, claim, &poison)
                 .await;
             match quarantined {
                 Ok(()) => return self.acked(delivery),
@@ -419,7 +420,7 @@ impl Task {
         if f.failing_for() >= self.yield_slot_after {
             let yielded = self
                 .pipeline
-                .yield_slot(&self.publisher, body, properties, claim, wait)
+                .yield_slot(&self.publisher, message, body, properties, claim, wait)
                 .await;
             match yielded {
                 Ok(()) => return self.acked(delivery),
@@ -438,7 +439,7 @@ impl Task {
         }
         if self.channels_lost() || sleep_or_stop(wait, &self.stop).await {
             // Given up without a dispatch: its copies need not wait out the lease.
-            self.pipeline.abandon(body, claim).await;
+            self.pipeline.abandon(message, claim).await;
             self.settler.requeue(delivery.delivery_tag);
             return true;
         }
