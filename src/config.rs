@@ -71,6 +71,8 @@ pub struct Settings {
     pub admin: AdminSettings,
     /// Log lines: their format, and how decision logs show recipients.
     pub log: LogSettings,
+    /// Span export.
+    pub telemetry: TelemetrySettings,
     /// The validated rules.
     pub policy: Policy,
     /// The file these settings were read from (`None`: no file): a rule reload
@@ -91,6 +93,27 @@ pub struct LogSettings {
     /// the file, never printed).
     #[serde(skip)]
     pub recipient_key: RecipientKey,
+}
+
+/// Span export (see `traces`): off unless an OTLP endpoint is set.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySettings {
+    /// The OTLP/HTTP endpoint of a collector, such as `http://127.0.0.1:4318`: spans are posted
+    /// to its `/v1/traces` as protobuf. Empty (the default): no span is made or exported.
+    /// `SENDQUOTA_OTLP_ENDPOINT`, else OpenTelemetry's standard `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// overrides it. Plain `http://` only: the exporter has no TLS of its own (a collector runs
+    /// beside the worker, as a sidecar or on the node).
+    pub otlp_endpoint: String,
+}
+
+impl TelemetrySettings {
+    /// Where spans are posted: the endpoint's `/v1/traces` (as OpenTelemetry's exporters append
+    /// it to `OTEL_EXPORTER_OTLP_ENDPOINT`); `None` when export is off.
+    pub fn traces_url(&self) -> Option<String> {
+        let base = self.otlp_endpoint.trim();
+        (!base.is_empty()).then(|| format!("{}/v1/traces", base.trim_end_matches('/')))
+    }
 }
 
 /// The format of log lines.
@@ -364,6 +387,8 @@ struct File {
     #[serde(default)]
     log: LogSettings,
     #[serde(default)]
+    telemetry: TelemetrySettings,
+    #[serde(default)]
     rules: Vec<RawRule>,
 }
 
@@ -405,6 +430,7 @@ impl Settings {
         apply_env(&mut file, &env);
         check_admin(&file.admin)?;
         check_log(&mut file.log, &env)?;
+        check_telemetry(&mut file.telemetry, &env)?;
         let namespace = env("SENDQUOTA_NAMESPACE")
             .or(file.namespace)
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
@@ -432,6 +458,7 @@ impl Settings {
             worker: file.worker,
             admin: file.admin,
             log: file.log,
+            telemetry: file.telemetry,
             policy,
             source: None,
         };
@@ -718,6 +745,37 @@ fn check_log(
     Ok(())
 }
 
+/// Applies `SENDQUOTA_OTLP_ENDPOINT` (else `OTEL_EXPORTER_OTLP_ENDPOINT`), and refuses an
+/// endpoint that is not a plain `http://` URL, naming where it came from.
+fn check_telemetry(
+    telemetry: &mut TelemetrySettings,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    let mut source = "[telemetry] otlp_endpoint";
+    for name in ["SENDQUOTA_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"] {
+        if let Some(endpoint) = env(name) {
+            telemetry.otlp_endpoint = endpoint;
+            source = name;
+            break;
+        }
+    }
+    let Some(url) = telemetry.traces_url() else {
+        return Ok(());
+    };
+    let uri = url.parse::<axum::http::Uri>().ok();
+    let http = uri
+        .as_ref()
+        .is_some_and(|u| u.scheme_str() == Some("http") && u.host().is_some_and(|h| !h.is_empty()));
+    if !http {
+        return Err(ConfigError::Invalid(format!(
+            "{source} \"{}\" is not an http:// URL such as http://127.0.0.1:4318 (spans are \
+             exported over plain HTTP only: run the collector beside the worker)",
+            one_line(&redact_url(&telemetry.otlp_endpoint))
+        )));
+    }
+    Ok(())
+}
+
 fn check_admin(admin: &AdminSettings) -> Result<(), ConfigError> {
     if !admin.listen.is_empty() && admin.listen.parse::<std::net::SocketAddr>().is_err() {
         return Err(ConfigError::Invalid(format!(
@@ -835,6 +893,7 @@ impl Settings {
             worker: &'a WorkerSettings,
             admin: &'a AdminSettings,
             log: &'a LogSettings,
+            telemetry: TelemetrySettings,
             rules: &'a [crate::policy::Rule],
         }
         let mut redis = self.redis.clone();
@@ -853,6 +912,9 @@ impl Settings {
             worker: &self.worker,
             admin: &self.admin,
             log: &self.log,
+            telemetry: TelemetrySettings {
+                otlp_endpoint: redact_url(&self.telemetry.otlp_endpoint),
+            },
             rules: &self.policy.rules,
         };
         toml::to_string(&effective).unwrap_or_else(|e| format!("# cannot print settings: {e}\n"))
@@ -1100,6 +1162,59 @@ mod tests {
         assert!(
             Settings::from_toml(in_file, no_env).is_err(),
             "the key is not read from the file"
+        );
+    }
+
+    #[test]
+    fn span_export_is_off_by_default_and_its_endpoint_comes_from_the_file_or_the_environment() {
+        assert_eq!(
+            Settings::load(None, no_env).unwrap().telemetry.traces_url(),
+            None
+        );
+        let file = "[telemetry]\notlp_endpoint = \"http://collector:4318/\"\n";
+        let from_file = Settings::from_toml(file, no_env).unwrap();
+        assert_eq!(
+            from_file.telemetry.traces_url().as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        let standard = |k: &str| {
+            (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://standard:4318".to_owned())
+        };
+        let ours = |k: &str| match k {
+            "SENDQUOTA_OTLP_ENDPOINT" => Some("http://ours:4318".to_owned()),
+            _ => standard(k),
+        };
+        let endpoint = |env: &dyn Fn(&str) -> Option<String>| {
+            Settings::from_toml(file, env)
+                .unwrap()
+                .telemetry
+                .otlp_endpoint
+        };
+        assert_eq!(endpoint(&standard), "http://standard:4318");
+        assert_eq!(endpoint(&ours), "http://ours:4318");
+        let printed = from_file.effective_toml();
+        assert!(
+            printed.contains("[telemetry]\notlp_endpoint = \"http://collector:4318/\""),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn an_otlp_endpoint_that_is_not_plain_http_is_refused_naming_its_source() {
+        let https = |k: &str| {
+            (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "https://collector:4318".to_owned())
+        };
+        assert_eq!(
+            Settings::from_toml("", https).unwrap_err().to_string(),
+            "OTEL_EXPORTER_OTLP_ENDPOINT \"https://collector:4318\" is not an http:// URL such \
+             as http://127.0.0.1:4318 (spans are exported over plain HTTP only: run the collector \
+             beside the worker)"
+        );
+        let file = "[telemetry]\notlp_endpoint = \"collector:4318\"\n";
+        let err = Settings::from_toml(file, no_env).unwrap_err().to_string();
+        assert!(
+            err.starts_with("[telemetry] otlp_endpoint \"collector:4318\""),
+            "{err}"
         );
     }
 

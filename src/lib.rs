@@ -31,7 +31,8 @@
 //! HTTP API), `reload` (the running rules, swapped whole on SIGHUP or the API, and audited),
 //! `replay` and `quarantine` (the operators' commands on denied and quarantined
 //! messages), `tail` (printing what is dispatched), `schema` (the request's JSON Schema for
-//! producers), `telemetry` (logs and metrics), `failpoint` (crash-test faults, cargo feature
+//! producers), `telemetry` (logs and metrics), `traces` (spans
+//! exported over OTLP when an endpoint is set), `failpoint` (crash-test faults, cargo feature
 //! `failpoints`), `cli` (the `sendquota` command).
 //!
 //! The library's API is the command (`cli`), its settings (`config`), and running the worker
@@ -72,6 +73,7 @@ mod store;
 mod tail;
 mod telemetry;
 mod tls;
+mod traces;
 mod worker;
 
 /// The modules behind the API, for the project's integration tests and benches: they drive the
@@ -186,6 +188,10 @@ pub mod internals {
     /// The crate's `tls` module.
     pub mod tls {
         pub use crate::tls::*;
+    }
+    /// The crate's `traces` module.
+    pub mod traces {
+        pub use crate::traces::*;
     }
     /// The crate's `worker` module.
     pub mod worker {

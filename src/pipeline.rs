@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
+use lapin::message::Delivery;
 use lapin::BasicProperties;
 
 use crate::broker::{self, BrokerError, Names, Publisher};
@@ -23,11 +24,12 @@ use crate::digest::{self, DigestError, Digests};
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::{Evaluation, Limiter, LimiterError};
 use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Failure, Handled, Outcome};
+use crate::outcome::{Failure, Handled, Outcome, OutcomeName};
 use crate::policy::Rule;
 use crate::reload::LiveRules;
 use crate::sequence::Place;
 use crate::telemetry;
+use crate::traces::{self, MessageTrace, Traces};
 
 /// A failure that leaves the message unacked, to be retried.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +95,8 @@ pub struct Pipeline {
     pub failpoint: Option<Failpoint>,
     /// Messages held by digest rules, and how often the flusher sends them.
     pub digests: Digests,
+    /// Span export; `None` (the default) when no OTLP endpoint is set: no span is made.
+    pub traces: Option<Arc<Traces>>,
 }
 
 impl Pipeline {
@@ -103,22 +107,25 @@ impl Pipeline {
     /// `place` is its place in its recipient's line: it is decided after the messages to that
     /// recipient delivered before it, and leaves the line once decided (an invalid body at
     /// once), not once its outcome is durable.
+    /// `trace` holds the delivery's `receive` span when spans are exported: the attempt's
+    /// spans are its children.
     pub async fn handle(
         &self,
         publisher: &Publisher,
         request: &Result<SendRequest, InvalidMessage>,
-        body: &[u8],
-        properties: &BasicProperties,
+        delivery: &Delivery,
         claim: &Claim,
         place: &mut Place,
+        trace: Option<&MessageTrace>,
     ) -> Result<Handled, HandleError> {
         match request {
             Ok(message) => {
-                self.decide(publisher, message, body, properties, claim, place)
+                self.decide(publisher, message, delivery, claim, place, trace)
                     .await
             }
             Err(invalid) => {
                 place.leave();
+                let (body, properties) = (&delivery.data, &delivery.properties);
                 self.invalid(publisher, body, properties, invalid).await
             }
         }
@@ -129,10 +136,10 @@ impl Pipeline {
         &self,
         publisher: &Publisher,
         message: &SendRequest,
-        body: &[u8],
-        properties: &BasicProperties,
+        delivery: &Delivery,
         claim: &Claim,
         place: &mut Place,
+        trace: Option<&MessageTrace>,
     ) -> Result<Handled, HandleError> {
         place.turn().await;
         if failpoint::armed(self.failpoint, Failpoint::FailStuckIds)
@@ -148,20 +155,32 @@ impl Pipeline {
         // One snapshot for the whole decision: a reload meanwhile does not reach it.
         let rules = self.rules.current();
         let now = self.clock.now();
-        let replay_of = broker::header(properties, broker::REPLAY_OF_HEADER)
-            .and_then(|v| v.parse::<i64>().ok());
-        let receipt = Receipt::from_headers(properties, now);
+        let properties = &delivery.properties;
+        let decoded = Decoded {
+            publisher,
+            message,
+            body: &delivery.data,
+            properties,
+            now,
+            replay_of: broker::header(properties, broker::REPLAY_OF_HEADER)
+                .and_then(|v| v.parse::<i64>().ok()),
+            metrics: &rules.metrics,
+            receipt: Receipt::from_headers(properties, now),
+            trace,
+        };
+        let receipt = &decoded.receipt;
         if let Some(Outcome::Expired { deadline, .. }) =
-            deadline::before_decision(message, &receipt, now)
+            deadline::before_decision(message, receipt, now)
         {
             // Past its deadline: no rule is asked, so no quota is taken and no claim held.
             place.leave();
             if self.marks.is_marked(message, now).await? {
                 return Ok(Handled::Duplicate);
             }
-            return self.expire(message, None, deadline, now, replay_of).await;
+            return self.expire(&decoded, None, deadline).await;
         }
         let started = Instant::now();
+        let mut span = traces::decide(trace);
         let evaluation = self
             .limiter
             .evaluate_claimed(&rules.policy, message, now, claim)
@@ -171,20 +190,13 @@ impl Pipeline {
         // hold every later message to the recipient, and the slots they wait in, until it
         // yields its slot (a minute by default).
         place.leave();
-        let decoded = Decoded {
-            publisher,
-            message,
-            body,
-            properties,
-            now,
-            replay_of,
-            metrics: &rules.metrics,
-            receipt,
-        };
-        let evaluation = match evaluation {
+        let evaluation = match span.result(evaluation) {
             Ok(evaluation) => evaluation,
             Err(e) if e.is_unavailable() => match rules.policy.fails_open(message) {
-                Some(rule) => return self.unchecked(&decoded, rule, &e).await,
+                Some(rule) => {
+                    drop(span);
+                    return self.unchecked(&decoded, rule, &e).await;
+                }
                 None => return Err(e.into()),
             },
             Err(e) => return Err(e.into()),
@@ -195,14 +207,27 @@ impl Pipeline {
             .record(started.elapsed().as_secs_f64());
         let verdicts = match &evaluation {
             Evaluation::Decided { verdicts, .. } => verdicts,
-            Evaluation::Dispatched => return Ok(Handled::Duplicate),
-            Evaluation::InFlight { .. } => return self.wait_in_flight(&decoded).await,
+            Evaluation::Dispatched => {
+                span.decided(OutcomeName::Duplicate.as_str(), None);
+                return Ok(Handled::Duplicate);
+            }
+            Evaluation::InFlight { .. } => {
+                span.decided(OutcomeName::InFlight.as_str(), None);
+                drop(span);
+                return self.wait_in_flight(&decoded).await;
+            }
         };
         for v in verdicts {
             rules.metrics.verdict(&v.rule, v.allowed);
         }
         let deadline = receipt.deadline_after(message, &rules.policy, verdicts);
-        match evaluation.outcome(&rules.policy, message, &receipt) {
+        let outcome = evaluation.outcome(&rules.policy, message, receipt);
+        span.decided(
+            outcome.name().as_str(),
+            outcome.rule().map(|v| v.rule.as_str()),
+        );
+        drop(span);
+        match outcome {
             Outcome::Allow { shadow_refusals } => {
                 self.dispatch(&decoded, claim, shadow_refusals, deadline)
                     .await
@@ -213,15 +238,14 @@ impl Pipeline {
                     expires_at: deadline,
                     ..Refusal::of(&rule)
                 };
-                self.record(message, refusal, now, replay_of).await?;
+                self.record(&decoded, refusal).await?;
                 Ok(Handled::Denied { rule: rule.rule })
             }
             Outcome::Delay { until, rule } => {
                 self.delay(&decoded, until, rule.rule, deadline).await
             }
             Outcome::Expired { rule, deadline } => {
-                self.expire(message, rule.as_ref(), deadline, now, replay_of)
-                    .await
+                self.expire(&decoded, rule.as_ref(), deadline).await
             }
             Outcome::Digest { rule } => {
                 // The snapshot that decided has the rule; without it, the group is the plainest.
@@ -242,11 +266,9 @@ impl Pipeline {
     /// sent.
     async fn expire(
         &self,
-        message: &SendRequest,
+        decoded: &Decoded<'_>,
         rule: Option<&Verdict>,
         deadline: DateTime<Utc>,
-        now: DateTime<Utc>,
-        replay_of: Option<i64>,
     ) -> Result<Handled, HandleError> {
         let refusal = Refusal {
             rule: rule.map_or(deadline::DEADLINE_RULE, |v| &v.rule),
@@ -258,7 +280,7 @@ impl Pipeline {
             expires_at: Some(deadline),
         };
         let rule = refusal.rule.to_owned();
-        self.record(message, refusal, now, replay_of).await?;
+        self.record(decoded, refusal).await?;
         Ok(Handled::Expired { rule })
     }
 
@@ -287,16 +309,8 @@ impl Pipeline {
             retry_after: None,
             expires_at: decoded.receipt.deadline(message),
         };
-        self.record(message, refusal, decoded.now, decoded.replay_of)
-            .await?;
-        let props = broker::carry(
-            decoded.properties,
-            broker::json_properties(Some(&message.id), &[]),
-        );
-        decoded
-            .publisher
-            .publish(&self.names.dispatch, &message.channel, decoded.body, props)
-            .await?;
+        self.record(decoded, refusal).await?;
+        decoded.publish_dispatch(&self.names.dispatch).await?;
         metrics::counter!(telemetry::UNCHECKED).increment(1);
         tracing::warn!(message_id = %message.id, rule = %rule.name, %error,
             "redis unavailable: message dispatched unchecked");
@@ -354,23 +368,15 @@ impl Pipeline {
                     expires_at: deadline,
                     ..Refusal::of(verdict)
                 };
-                self.record(message, refusal, decoded.now, decoded.replay_of)
-                    .await?;
+                self.record(decoded, refusal).await?;
             }
             // An allowed outcome of a committing decision: the limiter has committed it.
             if failpoint::armed(self.failpoint, Failpoint::HangAfterAdmit) {
                 tracing::warn!(message_id = %message.id, "failpoint hang-after-admit reached");
                 std::future::pending::<()>().await;
             }
-            let props = broker::carry(
-                decoded.properties,
-                broker::json_properties(Some(&message.id), &[]),
-            );
             let started = Instant::now();
-            decoded
-                .publisher
-                .publish(&self.names.dispatch, &message.channel, decoded.body, props)
-                .await?;
+            decoded.publish_dispatch(&self.names.dispatch).await?;
             decoded
                 .metrics
                 .dispatch_seconds
@@ -501,15 +507,13 @@ impl Pipeline {
         }
     }
 
-    async fn record(
-        &self,
-        message: &SendRequest,
-        refusal: Refusal<'_>,
-        now: DateTime<Utc>,
-        replay_of: Option<i64>,
-    ) -> Result<(), DenialError> {
+    /// Writes the denial row of `refusal` (its batch committed).
+    async fn record(&self, decoded: &Decoded<'_>, refusal: Refusal<'_>) -> Result<(), DenialError> {
         let started = Instant::now();
-        self.denials
+        let mut span =
+            traces::record_denial(decoded.trace, refusal.rule, refusal.reason, refusal.shadow);
+        let written = self
+            .denials
             .write(DenialRow {
                 rule: refusal.rule.to_owned(),
                 kind: refusal.kind.to_owned(),
@@ -517,11 +521,13 @@ impl Pipeline {
                 shadow: refusal.shadow,
                 unchecked: refusal.unchecked,
                 retry_after: refusal.retry_after,
-                replay_of,
+                replay_of: decoded.replay_of,
                 expires_at: refusal.expires_at,
-                ..DenialRow::for_message(message, now)
+                ..DenialRow::for_message(decoded.message, decoded.now)
             })
-            .await?;
+            .await;
+        span.result(written)?;
+        drop(span);
         // The histogram is the same whatever the rules: any snapshot's handle records it.
         self.rules
             .current()
@@ -579,9 +585,26 @@ struct Decoded<'a> {
     /// When the worker first received the message and the deadline set so far, carried on
     /// whenever it is republished.
     receipt: Receipt,
+    /// Its `receive` span when spans are exported.
+    trace: Option<&'a MessageTrace>,
 }
 
 impl Decoded<'_> {
+    /// Publishes the message to the senders through the `dispatch` exchange, its channel the
+    /// routing key, and waits for the confirm, in a `dispatch` span whose context replaces the
+    /// producer's `traceparent` when spans are exported.
+    async fn publish_dispatch(&self, dispatch: &str) -> Result<(), BrokerError> {
+        let message = self.message;
+        let mut span = traces::dispatch(self.trace, dispatch, &message.channel);
+        let props = span.propagated(broker::json_properties(Some(&message.id), &[]));
+        let props = broker::carry(self.properties, props);
+        let published = self
+            .publisher
+            .publish(dispatch, &message.channel, self.body, props)
+            .await;
+        span.result(published)
+    }
+
     /// Republishes the body to `queue` through `exchange` with `headers`, its id, the replay
     /// it belongs to and its receipt kept.
     async fn publish(

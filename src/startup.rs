@@ -24,6 +24,7 @@ use crate::limiter::Limiter;
 use crate::pipeline::Pipeline;
 use crate::reload::{self, LiveRules, Reloader, Rules};
 use crate::store::RedisConn;
+use crate::traces::Traces;
 use crate::{telemetry, worker};
 
 /// How often buffered histogram samples are folded into their buckets.
@@ -60,6 +61,9 @@ pub enum StartupError {
     /// be made at a wrong instant.
     #[error("the worker's clock: {0}")]
     Clock(#[from] crate::clock::OutOfRange),
+    /// Span export was configured but could not start.
+    #[error(transparent)]
+    Traces(#[from] crate::traces::TracesError),
 }
 
 /// Runs the worker until `shutdown` completes, then drains in-flight messages.
@@ -108,6 +112,12 @@ pub async fn run(
         };
         serve_admin(&settings.admin.listen, state, stop.clone()).await?;
     }
+    let names = Names::new(&settings.namespace);
+    let traces = Traces::start(&settings.telemetry, &names.requests)?.map(Arc::new);
+    if traces.is_some() {
+        info!(endpoint = %crate::config::redact_url(&settings.telemetry.otlp_endpoint),
+            "exporting spans over OTLP/HTTP");
+    }
     let pipeline = Arc::new(Pipeline {
         rules,
         limiter,
@@ -118,11 +128,12 @@ pub async fn run(
             Duration::from_millis(settings.worker.denial_batch_wait_ms),
         ),
         clock,
-        names: Names::new(&settings.namespace),
+        names,
         max_body_bytes: settings.worker.max_body_bytes,
         claim_lease_ms: settings.worker.claim_lease_ms,
         failpoint,
         digests,
+        traces,
     });
     keep_metrics_up(stop.clone());
     keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());
@@ -130,14 +141,17 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    worker::supervise(settings, &pipeline, &health, failpoint, stop)
-        .await
-        .map_err(|e| {
-            let plain = settings.amqp.url.starts_with("amqp://");
-            let message = e.to_string();
-            let hint = tls_hint(plain, &message, "amqps://");
-            StartupError::Broker(format!("{message}{hint}"))
-        })
+    let supervised = worker::supervise(settings, &pipeline, &health, failpoint, stop).await;
+    // The deliveries have drained: their spans have ended and the last batch can go.
+    if let Some(traces) = &pipeline.traces {
+        traces.shutdown().await;
+    }
+    supervised.map_err(|e| {
+        let plain = settings.amqp.url.starts_with("amqp://");
+        let message = e.to_string();
+        let hint = tls_hint(plain, &message, "amqps://");
+        StartupError::Broker(format!("{message}{hint}"))
+    })
 }
 
 /// The Redis connection, its version checked for the decision scripts.

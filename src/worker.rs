@@ -31,6 +31,7 @@ use crate::outcome::{self, Failure, Handled, Next};
 use crate::pipeline::{HandleError, Pipeline, Poison};
 use crate::sequence::{Place, Sequence};
 use crate::telemetry;
+use crate::traces;
 
 /// Keeps the worker taking deliveries until `stop` turns true: one broker session after
 /// another, reconnecting with capped, jittered backoff after a loss. Returns the error of the
@@ -355,20 +356,29 @@ impl Task {
     async fn process(mut self, delivery: Delivery) {
         let claim = Claim::new(self.pipeline.claim_lease_ms);
         let mut failures = Failures::default();
+        // The delivery's `receive` span, ended when the delivery is settled or given up;
+        // boxed, so that without span export a task's future grows by a pointer only.
+        let trace = self.pipeline.traces.as_ref().map(|traces| {
+            let request = self.request.as_ref().as_ref().ok();
+            Box::new(traces.receive(&delivery.properties, request))
+        });
         loop {
             // Boxed: the decision's state machine is kilobytes, and a task's future is moved
             // whole when it is spawned and when it completes.
             let handled = Box::pin(self.pipeline.handle(
                 &self.publisher,
                 &self.request,
-                &delivery.data,
-                &delivery.properties,
+                &delivery,
                 &claim,
                 &mut self.place,
+                trace.as_deref(),
             ))
             .await;
             match handled {
                 Ok(handled) => {
+                    if let Some(trace) = &trace {
+                        trace.settled(handled.name().as_str(), handled.rules());
+                    }
                     let request = self.request.as_ref().as_ref().ok();
                     if let (Handled::Dispatched { .. } | Handled::Unchecked { .. }, Some(request)) =
                         (&handled, request)
@@ -387,11 +397,17 @@ impl Task {
                 }
                 Err(e) => {
                     failures.count(&e, &self.pipeline.names);
+                    if let Some(trace) = &trace {
+                        trace.failed(&e);
+                    }
                     // Boxed: quarantining or yielding a slot is rare, and inline its state
                     // would make every delivery's task many kilobytes larger, copied whole
                     // when the task is spawned and when it completes.
                     let settled = Box::pin(self.after_failure(&delivery, &claim, &failures));
-                    if settled.await {
+                    if let Some(settled) = settled.await {
+                        if let Some(trace) = &trace {
+                            trace.settled(settled, &[]);
+                        }
                         return;
                     }
                 }
@@ -401,8 +417,14 @@ impl Task {
 
     /// What follows a failed attempt: quarantine a message refused too often, yield the slot
     /// of one that has failed too long, else wait and retry; gives up (back to the queue) when
-    /// the channel is gone or the worker stops. Returns whether the delivery is settled.
-    async fn after_failure(&mut self, delivery: &Delivery, claim: &Claim, f: &Failures) -> bool {
+    /// the channel is gone or the worker stops. Returns what the delivery came to when it is
+    /// settled or given up (`None`: retry it).
+    async fn after_failure(
+        &mut self,
+        delivery: &Delivery,
+        claim: &Claim,
+        f: &Failures,
+    ) -> Option<&'static str> {
         let (body, properties) = (&delivery.data, &delivery.properties);
         let message = self.request.as_ref().as_ref().ok();
         if outcome::after_failure(f.refused_in_a_row) == Next::Quarantine {
@@ -412,7 +434,7 @@ impl Task {
                 .quarantine(&self.publisher, message, body, properties, claim, &poison)
                 .await;
             match quarantined {
-                Ok(()) => return self.acked(delivery),
+                Ok(()) => return self.acked(delivery, traces::QUARANTINED),
                 Err(q) => warn!(error = %q, "message not quarantined; retrying"),
             }
         }
@@ -423,7 +445,7 @@ impl Task {
                 .yield_slot(&self.publisher, message, body, properties, claim, wait)
                 .await;
             match yielded {
-                Ok(()) => return self.acked(delivery),
+                Ok(()) => return self.acked(delivery, traces::YIELDED),
                 Err(y) => warn!(error = %y, "message could not yield its slot"),
             }
         }
@@ -441,15 +463,15 @@ impl Task {
             // Given up without a dispatch: its copies need not wait out the lease.
             self.pipeline.abandon(message, claim).await;
             self.settler.requeue(delivery.delivery_tag);
-            return true;
+            return Some(traces::REQUEUED);
         }
-        false
+        None
     }
 
-    /// Hands `delivery` to the settler to be acked; it is settled.
-    fn acked(&self, delivery: &Delivery) -> bool {
+    /// Hands `delivery` to the settler to be acked; it is settled, having come to `outcome`.
+    fn acked(&self, delivery: &Delivery, outcome: &'static str) -> Option<&'static str> {
         self.settler.ack(delivery.delivery_tag);
-        true
+        Some(outcome)
     }
 }
 

@@ -40,5 +40,6 @@ mod security;
 mod send_windows;
 mod settings;
 mod tls;
+mod traces;
 mod unavailable;
 mod window_kinds_model;

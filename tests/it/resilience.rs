@@ -7,7 +7,7 @@
 use crate::support;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lapin::options::BasicGetOptions;
@@ -153,12 +153,7 @@ fn spawn_worker(env: &TestEnv, config: &std::path::Path, admin_port: u16) -> std
 /// Sends SIGTERM to `worker`, waits for it, removes its config file and checks that it
 /// exited with 0.
 fn stop_cleanly(worker: std::process::Child, config: &std::path::Path) {
-    assert!(Command::new("kill")
-        .args(["-TERM", &worker.id().to_string()])
-        .status()
-        .expect("kill")
-        .success());
-    let out = worker.wait_with_output().expect("wait for the worker");
+    let out = crate::support::process::terminate(worker);
     let _ = std::fs::remove_file(config);
     assert_eq!(
         out.status.code(),

@@ -5,8 +5,9 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The binary with no SENDQUOTA_* setting inherited from the test process, warnings-only
-/// logging and no admin API: each test sets what it means to test.
+/// The binary with no SENDQUOTA_* setting (nor OpenTelemetry's OTEL_*, which can turn span
+/// export on) inherited from the test process, warnings-only logging and no admin API: each
+/// test sets what it means to test.
 pub fn sendquota() -> Command {
     sendquota_at(env!("CARGO_BIN_EXE_sendquota"))
 }
@@ -15,12 +16,24 @@ pub fn sendquota() -> Command {
 /// worker (an older commit's, say), run the same way, so one program can compare two builds.
 pub fn sendquota_at(bin: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(bin);
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SENDQUOTA_")) {
+    let inherited = |k: &str| k.starts_with("SENDQUOTA_") || k.starts_with("OTEL_");
+    for (k, _) in std::env::vars().filter(|(k, _)| inherited(k)) {
         cmd.env_remove(k);
     }
     cmd.env("SENDQUOTA_LOG", "warn")
         .env("SENDQUOTA_ADMIN_LISTEN", "");
     cmd
+}
+
+/// Stops `child` (a worker this test started) as an orchestrator does, with SIGTERM, and
+/// waits for it to drain and exit; returns what it left behind.
+pub fn terminate(child: std::process::Child) -> std::process::Output {
+    let signalled = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(signalled.success(), "SIGTERM sent to the worker");
+    child.wait_with_output().expect("wait for the worker")
 }
 
 /// What one run of the binary left behind.
