@@ -415,3 +415,29 @@ async fn without_an_endpoint_no_span_is_exported_and_the_producers_traceparent_g
         Some(TRACESTATE)
     );
 }
+
+/// A collector that is away (nothing listens on its port) costs spans, never messages: both
+/// messages get their outcome as without export, the dispatch still carries the worker's span,
+/// and the worker stops in its usual time.
+#[tokio::test]
+async fn a_collector_that_is_away_costs_spans_not_messages() {
+    let mut env = TestEnv::new().await;
+    env.settings.telemetry.otlp_endpoint =
+        format!("http://127.0.0.1:{}", crate::support::private::free_port());
+    env.start_worker(&ManualClock::new(local("UTC", "2026-02-02 09:00")));
+    publish_pairs(&env, 1).await;
+    let dispatched = outcomes(&env, 1, 1).await;
+    let sent = broker::header(&dispatched["allowed-0"], "traceparent").expect("a traceparent");
+    let (trace, parent) = producer(0);
+    assert!(
+        sent.starts_with(&format!("00-{trace}-")) && !sent.contains(&parent),
+        "the worker's span in the producer's trace: {sent}"
+    );
+    let stopping = Instant::now();
+    env.stop_worker().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(8),
+        "stopped in {:?}",
+        stopping.elapsed()
+    );
+}
