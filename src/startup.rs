@@ -83,7 +83,7 @@ pub async fn run(
     report_skew(&redis, clock.as_ref()).await;
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
-    let limiter = limiter(settings, &redis, &stop);
+    let limiter = limiter(settings, &redis, &stop).with_failpoint(failpoint);
     let rules = LiveRules::new(Rules::new(settings.policy.clone()));
     let reloader = Arc::new(Reloader::new(
         rules.clone(),
