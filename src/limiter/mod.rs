@@ -740,7 +740,8 @@ impl Limiter {
                     }
                     _ => keys::scope_tag(&scope.of(message)),
                 };
-                let mut rule_keys = Vec::with_capacity(2 * rules.len() + 1);
+                // Two per rule, then the marks and claims keys.
+                let mut rule_keys = Vec::with_capacity(2 * rules.len() + 2);
                 let mut rule_args = Vec::with_capacity(2 + 8 * rules.len());
                 rule_args.push(ScriptArg::Int(i64::from(message.cost)));
                 rule_args.push(ScriptArg::Int(rules.len() as i64));
