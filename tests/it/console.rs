@@ -2,7 +2,8 @@
 //! the denial history filtered, paged through and opened, a quota reset and a quarantine replay
 //! after their confirmations (each audited under the token's name), the charts drawn from the
 //! rollup a real worker wrote, the pages at 1280 and 390 px, and no console error anywhere.
-//! The screenshots in docs/screenshots/ are the ones these tests take.
+//! Also the rollup behind the charts: several writers adding to the same rows. The screenshots
+//! in docs/screenshots/ are the ones these tests take.
 
 use crate::support;
 
@@ -432,4 +433,39 @@ async fn a_wrong_token_is_refused_and_state_changes_need_the_csrf_token() {
     assert_eq!(resets, 0, "nothing was reset");
     browser.close().await;
     env.stop_worker().await;
+}
+
+/// The rollup's writers add to the rows they share: two workers' counts of the same minute,
+/// flushed one after the other, sum in one row (the upsert's conflict path), and a flush with
+/// nothing counted writes nothing.
+#[tokio::test]
+async fn rollup_writers_add_their_counts_to_the_same_rows() {
+    use sendquota::internals::outcome::Handled;
+    use sendquota::internals::rollup::{DecisionCounts, RollupWriter};
+    use std::sync::Arc;
+
+    let env = TestEnv::new().await;
+    let at = Utc::now();
+    let clock: Arc<dyn sendquota::clock::Clock> = Arc::new(ManualClock::new(at));
+    let denied = Handled::Denied {
+        rule: "headline".to_owned(),
+    };
+    for (worker, n) in [("a", 3), ("b", 2)] {
+        let counts = Arc::new(DecisionCounts::default());
+        for _ in 0..n {
+            counts.count(at, &denied);
+        }
+        let writer = RollupWriter::new(counts, env.pool.clone(), clock.clone());
+        writer
+            .flush()
+            .await
+            .unwrap_or_else(|e| panic!("worker {worker}: {e}"));
+        writer.flush().await.expect("an empty flush");
+    }
+    let rows: Vec<(String, String, i64, i64)> =
+        sqlx::query_as("SELECT outcome, rule, decisions, verdicts FROM decision_rollup")
+            .fetch_all(&env.pool)
+            .await
+            .expect("read the rollup");
+    assert_eq!(rows, vec![("deny".to_owned(), "headline".to_owned(), 5, 5)]);
 }
