@@ -217,6 +217,7 @@ async fn an_operator_looks_filters_resets_and_replays_in_the_browser() {
     let request: String = browser
         .eval("document.getElementById('request').textContent")
         .await;
+    browser.screenshot("denial").await;
     assert!(
         request.contains("\"b3\"") && request.contains("Asia/Tokyo"),
         "{request}"
@@ -295,6 +296,7 @@ async fn an_operator_looks_filters_resets_and_replays_in_the_browser() {
         held.contains("p1") && held.contains("p2") && held.contains("picky refuses"),
         "{held}"
     );
+    browser.screenshot("quarantine").await;
     let replay_p2: String = browser
         .eval(
             "[...document.querySelectorAll('tr.held')] \
@@ -343,6 +345,7 @@ async fn an_operator_looks_filters_resets_and_replays_in_the_browser() {
     assert!(browser.eval::<i64>(&cell("headline", "deny")).await >= denied);
     assert!(browser.eval::<i64>(&cell("burst", "shadow")).await > 0);
     assert!(browser.text().await.contains("name = \"burst\""));
+    browser.screenshot("rules").await;
 
     // At 390 px the pages fit the screen: wide tables scroll inside their box.
     browser.set_width(390).await;
