@@ -288,3 +288,45 @@ pub async fn one(
         rule_now,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_page_keeps_the_filters_encoded_and_moves_the_cursor() {
+        let filters = Filters {
+            recipient: "a b&c=<d>".to_owned(),
+            rule: "headline".to_owned(),
+            shadow: "false".to_owned(),
+            after: "90".to_owned(),
+            ..Filters::default()
+        };
+        assert_eq!(
+            filters.with_after(Some(42)),
+            "recipient=a%20b%26c%3D%3Cd%3E&rule=headline&shadow=false&after=42"
+        );
+        assert_eq!(
+            filters.with_after(None),
+            "recipient=a%20b%26c%3D%3Cd%3E&rule=headline&shadow=false"
+        );
+    }
+
+    #[test]
+    fn blank_fields_filter_nothing_and_bad_ones_are_refused() {
+        let query = Filters::default().query().expect("blank is fine");
+        assert_eq!(query.recipient, None);
+        assert_eq!(query.shadow, None);
+        assert_eq!(query.limit, Some(PAGE));
+        let bad = Filters {
+            shadow: "maybe".to_owned(),
+            ..Filters::default()
+        };
+        assert!(matches!(bad.query(), Err(ConsoleError::Input(_))));
+        let bad = Filters {
+            after: "x".to_owned(),
+            ..Filters::default()
+        };
+        assert!(matches!(bad.query(), Err(ConsoleError::Input(_))));
+    }
+}

@@ -269,3 +269,61 @@ pub async fn require(
         None => ConsoleError::NoSession.into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cookie_is_found_among_others_and_in_any_cookie_header() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, HeaderValue::from_static("a=1; b=2"));
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("x_sendquota_session=no; sendquota_session=abc"),
+        );
+        assert_eq!(cookie(&headers, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&headers, "b"), Some("2"));
+        assert_eq!(cookie(&headers, "missing"), None);
+    }
+
+    #[test]
+    fn a_session_checks_its_own_csrf_token_only() {
+        let sessions = Sessions::default();
+        let id = sessions.open("ops".to_owned()).expect("random numbers");
+        let session = sessions.get(&id).expect("a live session");
+        assert_eq!(session.actor, "ops");
+        assert_eq!(session.csrf.len(), 64, "32 random bytes in hex");
+        assert!(session.csrf_ok(&session.csrf.clone()));
+        assert!(!session.csrf_ok(""));
+        assert!(!session.csrf_ok(&session.csrf[..63]));
+        let other = sessions.open("ops".to_owned()).expect("random numbers");
+        assert_ne!(id, other, "each login gets its own id");
+        sessions.close(&id);
+        assert!(sessions.get(&id).is_none(), "closed");
+        assert!(sessions.get(&other).is_some());
+    }
+
+    #[test]
+    fn an_expired_session_is_gone() {
+        let sessions = Sessions::default();
+        let id = sessions.open("ops".to_owned()).expect("random numbers");
+        if let Some(s) = sessions.by_id.lock().expect("lock").get_mut(&id) {
+            s.expires = Instant::now() - Duration::from_secs(1);
+        }
+        assert!(sessions.get(&id).is_none());
+        assert!(
+            sessions.by_id.lock().expect("lock").is_empty(),
+            "and forgotten"
+        );
+    }
+
+    #[test]
+    fn the_cookie_is_http_only_strict_and_scoped_to_the_console() {
+        let value = set_cookie(SESSION_COOKIE, "abc", None);
+        assert_eq!(
+            value.to_str().expect("ascii"),
+            "sendquota_session=abc; HttpOnly; SameSite=Strict; Path=/ui"
+        );
+    }
+}
