@@ -26,6 +26,7 @@ use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{Failure, Handled, Outcome};
 use crate::policy::Rule;
 use crate::reload::LiveRules;
+use crate::rollup::DecisionCounts;
 use crate::sequence::Place;
 use crate::telemetry;
 
@@ -93,6 +94,8 @@ pub struct Pipeline {
     pub failpoint: Option<Failpoint>,
     /// Messages held by digest rules, and how often the flusher sends them.
     pub digests: Digests,
+    /// Settled decisions counted for the per-minute rollup (written by its own task).
+    pub rollup: Arc<DecisionCounts>,
 }
 
 impl Pipeline {

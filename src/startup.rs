@@ -15,6 +15,7 @@ use crate::admin::{self, AdminState, Health};
 use crate::broker::Names;
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::console::Console;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::deny_cache::{self, DenyCache};
@@ -23,11 +24,16 @@ use crate::failpoint::Failpoint;
 use crate::limiter::Limiter;
 use crate::pipeline::Pipeline;
 use crate::reload::{self, LiveRules, Reloader, Rules};
+use crate::rollup::{DecisionCounts, RollupWriter};
 use crate::store::RedisConn;
 use crate::{telemetry, worker};
 
 /// How often buffered histogram samples are folded into their buckets.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// How long a stopping worker waits for the decision rollup's last write: one upsert, which
+/// Postgres answers in milliseconds; a Postgres that is away must not hold the exit.
+const ROLLUP_LAST_FLUSH: Duration = Duration::from_secs(5);
 
 /// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
 const SKEW_WARNING_MS: i64 = 1_000;
@@ -105,9 +111,19 @@ pub async fn run(
             clock: clock.clone(),
             health: health.clone(),
             tokens: Arc::new(settings.admin.tokens.clone()),
+            console: Arc::new(Console::new(
+                settings.amqp.clone(),
+                Names::new(&settings.namespace),
+            )),
         };
         serve_admin(&settings.admin.listen, state, stop.clone()).await?;
     }
+    let rollup = Arc::new(DecisionCounts::default());
+    // Stopped after the worker's sessions have drained, not with them: their last decisions
+    // are counted until then.
+    let (rollup_stop_tx, rollup_stop) = watch::channel(false);
+    let rollup_written =
+        RollupWriter::new(rollup.clone(), denials.pool().clone(), clock.clone()).spawn(rollup_stop);
     let pipeline = Arc::new(Pipeline {
         rules,
         limiter,
@@ -123,6 +139,7 @@ pub async fn run(
         claim_lease_ms: settings.worker.claim_lease_ms,
         failpoint,
         digests,
+        rollup,
     });
     keep_metrics_up(stop.clone());
     keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());
@@ -130,14 +147,21 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    worker::supervise(settings, &pipeline, &health, failpoint, stop)
+    let supervised = worker::supervise(settings, &pipeline, &health, failpoint, stop).await;
+    // The last second's counts: the writer flushes once more when told to stop.
+    let _ = rollup_stop_tx.send(true);
+    if tokio::time::timeout(ROLLUP_LAST_FLUSH, rollup_written)
         .await
-        .map_err(|e| {
-            let plain = settings.amqp.url.starts_with("amqp://");
-            let message = e.to_string();
-            let hint = tls_hint(plain, &message, "amqps://");
-            StartupError::Broker(format!("{message}{hint}"))
-        })
+        .is_err()
+    {
+        warn!("the decision rollup's last counts were not written in time");
+    }
+    supervised.map_err(|e| {
+        let plain = settings.amqp.url.starts_with("amqp://");
+        let message = e.to_string();
+        let hint = tls_hint(plain, &message, "amqps://");
+        StartupError::Broker(format!("{message}{hint}"))
+    })
 }
 
 /// The Redis connection, its version checked for the decision scripts.

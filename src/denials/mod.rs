@@ -365,6 +365,15 @@ impl DenialStore {
             .await?)
     }
 
+    /// The denial with row id `id`, if there is one (the console's detail page).
+    pub async fn get(&self, id: i64) -> Result<Option<Denial>, DenialError> {
+        let q = format!("SELECT {} FROM denials WHERE id = $1", columns::read());
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
     /// The highest denial id so far (0 when there is none): a replay run replays only what
     /// existed when it started, never the denials its own replays produce.
     pub async fn last_id(&self) -> Result<i64, DenialError> {
@@ -508,17 +517,22 @@ impl DenialStore {
         Ok(())
     }
 
-    /// Records that a quarantined message was published again (`sendquota quarantine replay`).
+    /// Records that `actor` published a quarantined message again (`sendquota quarantine
+    /// replay`, or the console).
     pub async fn record_quarantine_replay(
         &self,
         message_id: Option<&str>,
         reason: &str,
+        actor: &str,
     ) -> Result<(), DenialError> {
-        sqlx::query("INSERT INTO quarantine_replays (message_id, reason) VALUES ($1, $2)")
-            .bind(message_id)
-            .bind(reason)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO quarantine_replays (message_id, reason, actor) VALUES ($1, $2, $3)",
+        )
+        .bind(message_id)
+        .bind(reason)
+        .bind(actor)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
