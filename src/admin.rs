@@ -2,7 +2,9 @@
 //! token required) the denial history, quota peek and reset, dry-run checks and rule reloads.
 //!
 //! The routes are listed once, in [`ROUTES`]; the router is built from the same handlers and
-//! a test checks `openapi.json` against that list, so the document cannot drift.
+//! a test checks `openapi.json` against that list, so the document cannot drift. The operator
+//! console (`/ui`, [`crate::console`]) is served beside them; it is not part of the JSON API
+//! and not in the document.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -97,8 +99,10 @@ pub struct AdminState {
     pub clock: Arc<dyn Clock>,
     /// The consumer's state.
     pub health: Arc<Health>,
-    /// Accepted bearer tokens.
+    /// Accepted bearer tokens (and console logins).
     pub tokens: Arc<Vec<AdminToken>>,
+    /// The console's sessions and broker access.
+    pub console: Arc<crate::console::Console>,
 }
 
 /// Who made a `/v1` request (the token's name).
@@ -122,6 +126,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .merge(v1)
+        .merge(crate::console::routes(state.clone()))
         .with_state(state)
 }
 
@@ -140,6 +145,19 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
+/// The name of the token `presented` is, if it is one of `tokens`: the `/v1` bearer check and
+/// the console's login. Compared against every token in constant time, without stopping at a
+/// match, so the time taken says nothing about which token came close.
+pub fn token_actor(tokens: &[AdminToken], presented: &str) -> Option<String> {
+    let mut actor = None;
+    for t in tokens {
+        if bool::from(t.token.as_bytes().ct_eq(presented.as_bytes())) {
+            actor = Some(t.name.clone());
+        }
+    }
+    actor
+}
+
 async fn authenticate(
     State(state): State<AdminState>,
     mut request: Request,
@@ -151,14 +169,7 @@ async fn authenticate(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    // Compare against every token, in constant time, without stopping at a match.
-    let mut actor = None;
-    for t in state.tokens.iter() {
-        if bool::from(t.token.as_bytes().ct_eq(presented.as_bytes())) {
-            actor = Some(t.name.clone());
-        }
-    }
-    match actor {
+    match token_actor(&state.tokens, presented) {
         Some(name) => {
             request.extensions_mut().insert(Actor(name));
             next.run(request).await
@@ -239,21 +250,63 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-/// Query of `GET /v1/denials`.
-#[derive(Debug, Deserialize)]
+/// Query of `GET /v1/denials`; the console's denial filters come to the same.
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DenialQuery {
-    recipient: Option<String>,
-    rule: Option<String>,
-    channel: Option<String>,
-    category: Option<String>,
-    since: Option<String>,
-    until: Option<String>,
-    shadow: Option<bool>,
-    unchecked: Option<bool>,
-    replayed: Option<bool>,
-    after: Option<i64>,
-    limit: Option<i64>,
+pub struct DenialQuery {
+    /// Only this recipient.
+    pub recipient: Option<String>,
+    /// Only this rule.
+    pub rule: Option<String>,
+    /// Only this channel.
+    pub channel: Option<String>,
+    /// Only this category.
+    pub category: Option<String>,
+    /// Denied at or after: RFC3339 or an age (`7d`).
+    pub since: Option<String>,
+    /// Denied before: RFC3339 or an age.
+    pub until: Option<String>,
+    /// Only shadow (true) or only real (false) rows.
+    pub shadow: Option<bool>,
+    /// Only unchecked dispatches (true) or only the other rows (false).
+    pub unchecked: Option<bool>,
+    /// Only replayed (true) or unreplayed (false) rows.
+    pub replayed: Option<bool>,
+    /// The previous page's last id.
+    pub after: Option<i64>,
+    /// Page size (default 100).
+    pub limit: Option<i64>,
+}
+
+impl DenialQuery {
+    /// The filter this query asks for, ages counted back from `now`; an error for people when
+    /// an instant or the limit is out of range.
+    pub fn filter(self, now: DateTime<Utc>) -> Result<DenialFilter, String> {
+        let instant = |s: Option<String>| s.map(|s| parse_instant_or_age(&s, now)).transpose();
+        let (since, until) = match (instant(self.since), instant(self.until)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return Err(e),
+        };
+        let limit = self.limit.unwrap_or(100);
+        if !(1..=crate::denials::MAX_LIMIT).contains(&limit) {
+            return Err(format!("limit must be 1 to {}", crate::denials::MAX_LIMIT));
+        }
+        Ok(DenialFilter {
+            recipient: self.recipient,
+            rule: self.rule,
+            channel: self.channel,
+            category: self.category,
+            since,
+            until,
+            shadow: self.shadow,
+            unchecked: self.unchecked,
+            replayed: self.replayed,
+            due_at: None,
+            live_at: None,
+            after: self.after,
+            limit,
+        })
+    }
 }
 
 async fn denials(
@@ -264,39 +317,14 @@ async fn denials(
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    let now = Utc::now();
-    let instant = |s: Option<String>| s.map(|s| parse_instant_or_age(&s, now)).transpose();
-    let (since, until) = match (instant(q.since), instant(q.until)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return error(StatusCode::BAD_REQUEST, e),
+    let filter = match q.filter(Utc::now()) {
+        Ok(filter) => filter,
+        Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
     };
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=crate::denials::MAX_LIMIT).contains(&limit) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("limit must be 1 to {}", crate::denials::MAX_LIMIT),
-        );
-    }
-    let filter = DenialFilter {
-        recipient: q.recipient,
-        rule: q.rule,
-        channel: q.channel,
-        category: q.category,
-        since,
-        until,
-        shadow: q.shadow,
-        unchecked: q.unchecked,
-        replayed: q.replayed,
-        due_at: None,
-        live_at: None,
-        after: q.after,
-        limit,
-    };
+    let limit = filter.limit;
     match state.denials.list(&filter).await {
         Ok(rows) => {
-            let next_after = (rows.len() as i64 == limit)
-                .then(|| rows.last().map(|d| d.id))
-                .flatten();
+            let next_after = next_after(&rows, limit);
             // A struct, not json!(): that would parse every stored request into a Value.
             #[derive(serde::Serialize)]
             struct Page<'a> {
@@ -312,6 +340,14 @@ async fn denials(
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
+}
+
+/// The cursor of the page after `rows` (a page of `limit` rows, newest first), if there may be
+/// one: keyset pagination goes on below the last id.
+pub fn next_after(rows: &[crate::denials::Denial], limit: i64) -> Option<i64> {
+    (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|d| d.id))
+        .flatten()
 }
 
 /// The instant a route decides at: `?at=` when it is in the supported range (400 otherwise),
@@ -362,16 +398,59 @@ async fn check(
     }
 }
 
-/// Query of `GET /v1/recipients/{id}/quota`.
-#[derive(Debug, Deserialize)]
+/// Query of `GET /v1/recipients/{id}/quota`; the console's recipient page asks the same.
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PeekQuery {
-    timezone: Option<String>,
-    channel: Option<String>,
-    category: Option<String>,
+pub struct PeekQuery {
+    /// The recipient's zone, for rules counting in local time.
+    pub timezone: Option<String>,
+    /// A message's channel; any without it.
+    pub channel: Option<String>,
+    /// A message's category; any without it.
+    pub category: Option<String>,
     /// The request's `attributes` as JSON text: rules counting per them are shown.
-    attributes: Option<String>,
-    at: Option<DateTime<Utc>>,
+    pub attributes: Option<String>,
+    /// Peek at this instant instead of now.
+    pub at: Option<DateTime<Utc>>,
+}
+
+/// Every recipient-scope rule's usage for `recipient` as `query` asks, at the instant it
+/// names or now: the quota peek of the API and the console. The error is the status and the
+/// message to answer with.
+pub async fn peek(
+    state: &AdminState,
+    recipient: &str,
+    query: PeekQuery,
+) -> Result<(DateTime<Utc>, Vec<decision::Verdict>), (StatusCode, String)> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    let zone = match query.timezone.as_deref().map(str::parse::<Tz>).transpose() {
+        Ok(z) => z,
+        Err(_) => return Err(bad("unknown time zone".to_owned())),
+    };
+    let at = decision_instant(query.at, state).map_err(bad)?;
+    let attributes = match query
+        .attributes
+        .as_deref()
+        .map(Attributes::decode)
+        .transpose()
+    {
+        Ok(a) => a.unwrap_or_default(),
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    let rules = state.reloader.rules().current();
+    let peeked = state.limiter.peek(
+        &rules.policy,
+        recipient,
+        zone,
+        query.channel.as_deref(),
+        query.category.as_deref(),
+        &attributes,
+        at,
+    );
+    match peeked.await {
+        Ok(verdicts) => Ok((at, verdicts)),
+        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+    }
 }
 
 async fn peek_quota(
@@ -383,35 +462,77 @@ async fn peek_quota(
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    let zone = match q.timezone.as_deref().map(str::parse::<Tz>).transpose() {
-        Ok(z) => z,
-        Err(_) => return error(StatusCode::BAD_REQUEST, "unknown time zone"),
-    };
-    let at = match decision_instant(q.at, &state) {
-        Ok(at) => at,
-        Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
-    };
-    let attributes = match q.attributes.as_deref().map(Attributes::decode).transpose() {
-        Ok(a) => a.unwrap_or_default(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-    };
-    let rules = state.reloader.rules().current();
-    let peek = state.limiter.peek(
-        &rules.policy,
-        &recipient,
-        zone,
-        q.channel.as_deref(),
-        q.category.as_deref(),
-        &attributes,
-        at,
-    );
-    match peek.await {
-        Ok(verdicts) => {
+    match peek(&state, &recipient, q).await {
+        Ok((at, verdicts)) => {
             let rules = decision::rules_report(&verdicts);
             Json(json!({ "recipient": recipient, "at": at, "rules": rules })).into_response()
         }
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err((status, message)) => error(status, message),
     }
+}
+
+/// A quota reset that happened, as [`reset_recipient`] reports it.
+#[derive(Debug, Clone)]
+pub struct Reset {
+    /// The rules whose state for the recipient was removed.
+    pub rules: Vec<String>,
+    /// How many Redis keys existed.
+    pub keys_removed: i64,
+    /// When (the worker's clock).
+    pub reset_at: DateTime<Utc>,
+}
+
+/// Why a quota reset failed; each says what became of the quota.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    /// The audit row could not be written, so nothing was reset.
+    #[error("nothing was reset: the audit row could not be written: {0}")]
+    NotAudited(crate::denials::DenialError),
+    /// Redis failed the reset (the audit row says `failed`, or stays `pending`).
+    #[error("{0}")]
+    Redis(crate::limiter::LimiterError),
+    /// The quota was reset but its audit row could not be marked done.
+    #[error("the quota was reset, but its audit row {audit} stays pending: {error}")]
+    AuditPending {
+        /// The audit row's id.
+        audit: i64,
+        /// Why it could not be marked.
+        error: crate::denials::DenialError,
+    },
+}
+
+/// Resets `recipient` in every recipient-scope rule for `actor` (a token's name), audited in
+/// `quota_resets`: the row is written first (`pending`), so a reset that cannot be audited
+/// does not happen, then marked `done` or `failed`. The API's `DELETE` and the console's reset.
+pub async fn reset_recipient(
+    state: &AdminState,
+    actor: &str,
+    recipient: &str,
+) -> Result<Reset, ResetError> {
+    let running = state.reloader.rules().current();
+    let rules = Limiter::reset_rules(&running.policy);
+    let at = state.clock.now();
+    let audit = state
+        .denials
+        .begin_reset(recipient, actor, &rules, at)
+        .await
+        .map_err(ResetError::NotAudited)?;
+    let removed = match state.limiter.reset(&running.policy, recipient).await {
+        Ok(removed) => removed,
+        Err(e) => {
+            // Best effort: a row left pending says the same, that the outcome is unknown.
+            let _ = state.denials.finish_reset(audit, None).await;
+            return Err(ResetError::Redis(e));
+        }
+    };
+    if let Err(error) = state.denials.finish_reset(audit, Some(removed)).await {
+        return Err(ResetError::AuditPending { audit, error });
+    }
+    Ok(Reset {
+        rules,
+        keys_removed: removed,
+        reset_at: at,
+    })
 }
 
 async fn reset_quota(
@@ -419,42 +540,14 @@ async fn reset_quota(
     Extension(Actor(actor)): Extension<Actor>,
     Path(recipient): Path<String>,
 ) -> Response {
-    // The audit row comes first: a reset that cannot be audited does not happen.
-    let running = state.reloader.rules().current();
-    let rules = Limiter::reset_rules(&running.policy);
-    let at = state.clock.now();
-    let audit = match state
-        .denials
-        .begin_reset(&recipient, &actor, &rules, at)
-        .await
-    {
-        Ok(id) => id,
-        Err(e) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("nothing was reset: the audit row could not be written: {e}"),
-            )
-        }
-    };
-    let removed = match state.limiter.reset(&running.policy, &recipient).await {
-        Ok(removed) => removed,
-        Err(e) => {
-            // Best effort: a row left pending says the same, that the outcome is unknown.
-            let _ = state.denials.finish_reset(audit, None).await;
-            return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
-        }
-    };
-    if let Err(e) = state.denials.finish_reset(audit, Some(removed)).await {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the quota was reset, but its audit row {audit} stays pending: {e}"),
-        );
+    match reset_recipient(&state, &actor, &recipient).await {
+        Ok(reset) => Json(json!({
+            "recipient": recipient, "rules": reset.rules, "keys_removed": reset.keys_removed,
+            "actor": actor, "reset_at": reset.reset_at,
+        }))
+        .into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
-    Json(json!({
-        "recipient": recipient, "rules": rules, "keys_removed": removed, "actor": actor,
-        "reset_at": at,
-    }))
-    .into_response()
 }
 
 /// Reloads the rules from the configuration file the worker started with (the body is not

@@ -222,6 +222,23 @@ pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, 
     .await
 }
 
+/// A confirmed publisher on a new connection named `role`, for the operators' commands and the
+/// console, with the topology declared (so nothing published before any worker ran is
+/// unroutable) and declared again should a publish come back unroutable (the requests queue
+/// deleted meanwhile). The caller closes the connection when done.
+pub async fn open_publisher(
+    settings: &AmqpSettings,
+    names: &Names,
+    role: &str,
+) -> Result<(Connection, Publisher), BrokerError> {
+    let connection = connect(settings, role).await?;
+    let publisher = Publisher::open(&connection)
+        .await?
+        .healing(names.clone(), settings.queue_type);
+    declare(publisher.channel(), names, settings.queue_type).await?;
+    Ok((connection, publisher))
+}
+
 /// Whether the broker blocks `connection` (a resource alarm), and why: `Some(reason)` while
 /// blocked. Follows the connection's events until every receiver is dropped.
 pub fn blocked_state(connection: &Connection) -> watch::Receiver<Option<String>> {

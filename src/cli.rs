@@ -622,44 +622,27 @@ async fn tail(settings: &Settings, routing_key: &str) -> Result<(), CliError> {
     })
 }
 
-/// A confirmed publisher on a new connection, with the topology declared (so nothing
-/// published before any worker ran is unroutable) and declared again should a publish come
-/// back unroutable (the requests queue deleted meanwhile).
+/// [`broker::open_publisher`], its failure as the command's.
 async fn open_publisher(
     settings: &Settings,
     names: &Names,
     role: &str,
 ) -> Result<(lapin::Connection, Publisher), CliError> {
-    let connection = broker::connect(&settings.amqp, role)
+    broker::open_publisher(&settings.amqp, names, role)
         .await
-        .map_err(|e| service("rabbitmq")(&e))?;
-    let publisher = Publisher::open(&connection)
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?
-        .healing(names.clone(), settings.amqp.queue_type);
-    broker::declare(publisher.channel(), names, settings.amqp.queue_type)
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?;
-    Ok((connection, publisher))
+        .map_err(|e| service("rabbitmq")(&e))
 }
 
 async fn quarantine(settings: &Settings, action: QuarantineAction) -> Result<(), CliError> {
     let names = Names::new(&settings.namespace);
-    let rabbitmq = |e: &dyn std::fmt::Display| service("rabbitmq")(e);
     match action {
         QuarantineAction::List { limit } => {
-            let (connection, publisher) =
-                open_publisher(settings, &names, "sendquota-quarantine").await?;
-            let channel = broker::timed("channel.open", connection.create_channel())
+            let listed = crate::quarantine::list_held(&settings.amqp, &names, ROLE, limit)
                 .await
-                .map_err(|e| rabbitmq(&e))?;
-            let listed = crate::quarantine::list(&channel, &names, limit).await;
-            // Closing the channel gives the listed messages back to the queue.
-            let _ = connection.close(200, "done".into()).await;
-            drop(publisher);
+                .map_err(|e| service("rabbitmq")(&e))?;
             let mut out = std::io::stdout().lock();
-            for q in listed.map_err(|e| rabbitmq(&e))? {
-                let line = serde_json::to_string(&q).map_err(|e| rabbitmq(&e))?;
+            for q in listed {
+                let line = serde_json::to_string(&q).map_err(|e| service("rabbitmq")(&e))?;
                 writeln!(out, "{line}")
                     .map_err(|e| CliError::Service(format!("writing output: {e}")))?;
             }
@@ -667,15 +650,17 @@ async fn quarantine(settings: &Settings, action: QuarantineAction) -> Result<(),
         }
         QuarantineAction::Replay { limit } => {
             let store = connect_store(settings).await?;
-            let (connection, publisher) =
-                open_publisher(settings, &names, "sendquota-quarantine").await?;
-            let channel = broker::timed("channel.open", connection.create_channel())
-                .await
-                .map_err(|e| rabbitmq(&e))?;
-            let replayed =
-                crate::quarantine::replay(&channel, &publisher, &names, &store, limit).await;
-            let _ = connection.close(200, "done".into()).await;
-            let replayed = replayed.map_err(|e| CliError::Service(e.to_string()))?;
+            let which = crate::quarantine::Which::All { limit };
+            let replayed = crate::quarantine::replay_held(
+                &settings.amqp,
+                &names,
+                &store,
+                &which,
+                crate::quarantine::CLI_ACTOR,
+                ROLE,
+            )
+            .await
+            .map_err(|e| CliError::Service(e.to_string()))?;
             println!(
                 "replayed {replayed} quarantined messages to {}",
                 names.requests
@@ -684,6 +669,9 @@ async fn quarantine(settings: &Settings, action: QuarantineAction) -> Result<(),
         }
     }
 }
+
+/// The connection name of the quarantine commands.
+const ROLE: &str = "sendquota-quarantine";
 
 async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {
     DenialStore::connect(&settings.database)

@@ -101,8 +101,8 @@ pub struct LogSettings {
 pub struct TelemetrySettings {
     /// The OTLP/HTTP endpoint of a collector, such as `http://127.0.0.1:4318`: spans are posted
     /// to its `/v1/traces` as protobuf. Empty (the default): no span is made or exported.
-    /// `SENDQUOTA_OTLP_ENDPOINT`, else OpenTelemetry's standard `OTEL_EXPORTER_OTLP_ENDPOINT`,
-    /// overrides it. Plain `http://` only: the exporter has no TLS of its own (a collector runs
+    /// `SENDQUOTA_OTLP_ENDPOINT` overrides it (OpenTelemetry's `OTEL_EXPORTER_OTLP_ENDPOINT` is
+    /// not read: see `check_telemetry`). Plain `http://` only: the exporter has no TLS of its own (a collector runs
     /// beside the worker, as a sidecar or on the node).
     pub otlp_endpoint: String,
 }
@@ -745,19 +745,18 @@ fn check_log(
     Ok(())
 }
 
-/// Applies `SENDQUOTA_OTLP_ENDPOINT` (else `OTEL_EXPORTER_OTLP_ENDPOINT`), and refuses an
-/// endpoint that is not a plain `http://` URL, naming where it came from.
+/// Applies `SENDQUOTA_OTLP_ENDPOINT`, and refuses an endpoint that is not a plain `http://`
+/// URL, naming where it came from. OpenTelemetry's `OTEL_EXPORTER_OTLP_ENDPOINT` is not read: a
+/// platform that sets it for every pod would turn export on for the worker unasked, and an
+/// `https://` one (which this exporter cannot reach) would stop every command from starting.
 fn check_telemetry(
     telemetry: &mut TelemetrySettings,
     env: &impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     let mut source = "[telemetry] otlp_endpoint";
-    for name in ["SENDQUOTA_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"] {
-        if let Some(endpoint) = env(name) {
-            telemetry.otlp_endpoint = endpoint;
-            source = name;
-            break;
-        }
+    if let Some(endpoint) = env("SENDQUOTA_OTLP_ENDPOINT") {
+        telemetry.otlp_endpoint = endpoint;
+        source = "SENDQUOTA_OTLP_ENDPOINT";
     }
     let Some(url) = telemetry.traces_url() else {
         return Ok(());
@@ -1190,7 +1189,8 @@ mod tests {
                 .telemetry
                 .otlp_endpoint
         };
-        assert_eq!(endpoint(&standard), "http://standard:4318");
+        // The platform-wide variable is not ours to follow.
+        assert_eq!(endpoint(&standard), "http://collector:4318/");
         assert_eq!(endpoint(&ours), "http://ours:4318");
         let printed = from_file.effective_toml();
         assert!(
@@ -1201,12 +1201,15 @@ mod tests {
 
     #[test]
     fn an_otlp_endpoint_that_is_not_plain_http_is_refused_naming_its_source() {
-        let https = |k: &str| {
+        let https =
+            |k: &str| (k == "SENDQUOTA_OTLP_ENDPOINT").then(|| "https://collector:4318".to_owned());
+        let platform_https = |k: &str| {
             (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "https://collector:4318".to_owned())
         };
+        assert!(Settings::from_toml("", platform_https).is_ok(), "not read");
         assert_eq!(
             Settings::from_toml("", https).unwrap_err().to_string(),
-            "OTEL_EXPORTER_OTLP_ENDPOINT \"https://collector:4318\" is not an http:// URL such \
+            "SENDQUOTA_OTLP_ENDPOINT \"https://collector:4318\" is not an http:// URL such \
              as http://127.0.0.1:4318 (spans are exported over plain HTTP only: run the collector \
              beside the worker)"
         );

@@ -5,16 +5,19 @@
 //!
 //! The flusher ([`flush_until_stopped`], one per worker session) takes each group under a
 //! Postgres advisory lock, so two workers never take the same one, and asks the limiter about
-//! one synthetic request whose id ([`digest_id`]) is made of the group and its first item, so
+//! one synthetic request whose id ([`digest_id`]) is made of the group and its oldest item, so
 //! asking again after a crash is the same request (the limiter admits an id once). Once the
 //! limiter admits it, the items are marked with that id in the same transaction: from then on
-//! they are that digest's, and sending it ([`Flusher::send`]) publishes with a publisher
-//! confirm, writes the dispatch mark, then deletes them. A crash between the publish and the
-//! delete leaves marked items whose dispatch mark says the digest went: they are only
-//! deleted. Exactly once, across crashes and workers, as far as a dispatch mark reaches.
+//! they are that digest's. Sending it leases it to one worker ([`SEND_LEASE`], committed before
+//! the publish, so a lost Postgres session does not free it), publishes with a publisher
+//! confirm, writes the dispatch mark, then deletes the items. A crash between the publish and
+//! the delete leaves marked items whose dispatch mark says the digest went: they are only
+//! deleted. Exactly once, across crashes and workers, as far as a dispatch mark reaches; a
+//! digest is sent twice only when both its dispatch mark and its delete fail after the publish.
 //!
 //! A group the limiter refuses is left until the instant it names (`flush_after`), so groups
-//! without room cannot crowd the others out of a flush.
+//! without room cannot crowd the others out of a flush; one digest or group that fails is
+//! logged and left for the next flush, never stopping the others.
 //!
 //! Items past their deadline ([`crate::deadline::passed`] at flush time) are dropped from the
 //! digest and recorded as denials with reason `expired` under the digest rule.
@@ -31,6 +34,7 @@ use tokio::sync::watch;
 use crate::broker::{self, BrokerError, Publisher};
 use crate::deadline::{self, Receipt};
 use crate::denials::{DenialError, DenialRow};
+use crate::failpoint::{self, Failpoint};
 use crate::limiter::LimiterError;
 use crate::message::SendRequest;
 use crate::pipeline::Pipeline;
@@ -46,6 +50,12 @@ pub const MAX_ITEMS: i64 = 500;
 
 /// Most groups and pending digests one flush takes up: the rest wait for the next one.
 const GROUPS_PER_FLUSH: i64 = 200;
+
+/// How long a worker sending a digest keeps the others off it: far longer than a publish takes
+/// (it is given up after half of it), so a digest is published by one worker at a time even
+/// when that worker's Postgres session is lost meanwhile; a digest whose worker crashed is
+/// sent by another once it runs out.
+pub const SEND_LEASE: Duration = Duration::from_secs(60);
 
 /// Failures of holding or flushing: the message is retried, the group flushed next time.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +78,10 @@ pub enum DigestError {
     /// The digest body could not be written as JSON.
     #[error("digest body: {0}")]
     Body(#[from] serde_json::Error),
+    /// The broker neither took nor refused the digest in time: it may still take it, so it is
+    /// left leased (see [`SEND_LEASE`]).
+    #[error("rabbitmq: the digest's publish was not confirmed within {0:?}")]
+    PublishTimeout(Duration),
 }
 
 /// The held messages in Postgres, and how often they are flushed.
@@ -151,6 +165,16 @@ pub struct Flushed {
     pub sent: usize,
     /// Items dropped past their deadline.
     pub expired: usize,
+    /// Digests and groups that failed, left for the next flush.
+    pub failed: usize,
+}
+
+impl Flushed {
+    /// Counts and logs the failure `error` of the digest or group named by `what` and `name`.
+    fn failed(&mut self, error: &DigestError, what: &str, name: &str) {
+        self.failed += 1;
+        tracing::warn!(%error, name, "{what}; tried again at the next flush");
+    }
 }
 
 impl Digests {
@@ -230,6 +254,7 @@ pub async fn flush_until_stopped(
                 tracing::info!(
                     sent = flushed.sent,
                     expired = flushed.expired,
+                    failed = flushed.failed,
                     "digests flushed"
                 )
             }
@@ -255,17 +280,25 @@ impl Flusher<'_> {
         let pool = &self.pipeline.digests.pool;
         let mut flushed = Flushed::default();
         let pending: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT digest_id FROM digest_items WHERE digest_id IS NOT NULL LIMIT $1",
+            "SELECT digest_id FROM digest_items WHERE digest_id IS NOT NULL \
+             GROUP BY digest_id ORDER BY min(id) LIMIT $1",
         )
         .bind(GROUPS_PER_FLUSH)
         .fetch_all(pool)
         .await?;
+        // One digest or group that fails (a channel no queue is bound to, a rule's Redis
+        // call) is logged and left for the next flush: the others go out meanwhile.
         for id in pending {
-            flushed.sent += usize::from(self.send(&id).await?);
+            match self.send(&id).await {
+                Ok(sent) => flushed.sent += usize::from(sent),
+                Err(e) => flushed.failed(&e, "digest not sent", &id),
+            }
         }
+        // A group is looked at once each of its items may be: an item held since the rules
+        // last refused its group's digest does not bring the group back before then.
         let groups: Vec<(String, String, String)> = sqlx::query_as(
             "SELECT recipient, rule, group_key FROM digest_items WHERE digest_id IS NULL \
-             GROUP BY 1, 2, 3 HAVING bool_or(flush_after IS NULL OR flush_after <= $2) \
+             GROUP BY 1, 2, 3 HAVING bool_and(flush_after IS NULL OR flush_after <= $2) \
              ORDER BY min(id) LIMIT $1",
         )
         .bind(GROUPS_PER_FLUSH)
@@ -273,10 +306,19 @@ impl Flusher<'_> {
         .fetch_all(pool)
         .await?;
         for (recipient, rule, group) in groups {
-            let took = self.take_group(&recipient, &rule, &group).await?;
+            let took = match self.take_group(&recipient, &rule, &group).await {
+                Ok(took) => took,
+                Err(e) => {
+                    flushed.failed(&e, "digest group not taken up", &recipient);
+                    continue;
+                }
+            };
             flushed.expired += took.expired;
             if let Some(id) = took.admitted {
-                flushed.sent += usize::from(self.send(&id).await?);
+                match self.send(&id).await {
+                    Ok(sent) => flushed.sent += usize::from(sent),
+                    Err(e) => flushed.failed(&e, "digest not sent", &id),
+                }
             }
         }
         Ok(flushed)
@@ -307,6 +349,13 @@ impl Flusher<'_> {
         .bind(MAX_ITEMS)
         .fetch_all(&mut *tx)
         .await?;
+        // Named by the oldest item read, expired or not: a digest the limiter admitted whose
+        // items were not bound to it (Postgres failed in between) keeps its name when that
+        // item expires meanwhile, so asking again is the same request, not a second send.
+        let Some(oldest) = items.first().map(|i| i.id) else {
+            return Ok(Took::default());
+        };
+        let id = digest_id(rule_name, recipient, group, oldest);
         let now = self.pipeline.clock.now();
         let rules = self.pipeline.rules.current();
         let rule = rules.policy.rule(rule_name);
@@ -325,12 +374,7 @@ impl Flusher<'_> {
             expired: expired.len(),
             admitted: None,
         };
-        let Some(first) = live.first() else {
-            tx.commit().await?;
-            return Ok(took);
-        };
-        let id = digest_id(rule_name, recipient, group, first.id);
-        let Some(request) = self.request(first, &id) else {
+        let Some(request) = self.request(&live, &id) else {
             tx.commit().await?;
             return Ok(took);
         };
@@ -343,6 +387,10 @@ impl Flusher<'_> {
         // Dispatched: it went out before and its items were held again since (a copy); they
         // are sent with it, which the dispatch mark stops from going twice.
         if evaluation.committed() || evaluation.dispatched() {
+            if failpoint::fails_after_decision(self.pipeline.failpoint, recipient) {
+                let gone = failpoint::gone("fail-after-decision");
+                return Err(DigestError::Database(sqlx::Error::Io(gone)));
+            }
             sqlx::query("UPDATE digest_items SET digest_id = $1 WHERE id = ANY($2)")
                 .bind(&id)
                 .bind(&ids)
@@ -366,43 +414,109 @@ impl Flusher<'_> {
 
     /// Sends the admitted digest `id` unless its dispatch mark says it went, marks it and each
     /// of its messages dispatched (a copy of one delivered later is a duplicate), and deletes
-    /// its items; false when another worker holds it or has sent it.
+    /// its items; false when another worker is sending it or has sent it.
+    ///
+    /// The digest is first leased ([`SEND_LEASE`], committed, on Postgres's clock): a lock
+    /// held across the publish would be released by a lost Postgres session while the publish
+    /// goes on, and another worker would send the digest too. Once the broker has it, the
+    /// marks and the delete are each tried on their own: either tells a later attempt it went.
     async fn send(&self, id: &str) -> Result<bool, DigestError> {
-        let pool = &self.pipeline.digests.pool;
-        let mut tx = pool.begin().await?;
-        if !try_lock(&mut tx, &["digest", id]).await? {
-            return Ok(false);
-        }
-        let items: Vec<Item> = sqlx::query_as(
-            "SELECT id, recipient, rule, group_key, channel, message_id, message_text, \
-             expires_at FROM digest_items WHERE digest_id = $1 ORDER BY id",
-        )
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await?;
-        let Some(first) = items.first() else {
+        let Some(items) = self.lease(id).await? else {
             return Ok(false);
         };
-        // Left held (and logged) should it not read back: deleting it would lose it.
-        let Some(request) = self.request(first, id) else {
+        // Left held (and logged) should none read back: deleting them would lose them.
+        let Some(request) = self.request(&items, id) else {
             return Ok(false);
         };
         let now = self.pipeline.clock.now();
         let marks = &self.pipeline.marks;
-        let published = !marks.is_marked(&request, now).await?;
+        let published = match marks.is_marked(&request, now).await {
+            Ok(marked) => !marked,
+            Err(e) => {
+                self.release(id).await;
+                return Err(e.into());
+            }
+        };
         if published {
-            self.publish(id, &items).await?;
-            marks.mark_dispatched(&request, now).await?;
+            if failpoint::armed(self.pipeline.failpoint, Failpoint::SlowIds)
+                && request.recipient.starts_with("slow-")
+            {
+                tokio::time::sleep(failpoint::SLOW_IDS_HOLD).await;
+            }
+            match tokio::time::timeout(SEND_LEASE / 2, self.publish(id, &items)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    // Not taken by the broker: the next flush may try at once.
+                    self.release(id).await;
+                    return Err(e);
+                }
+                // The broker may still take it: the lease keeps the others off meanwhile.
+                Err(_) => return Err(DigestError::PublishTimeout(SEND_LEASE / 2)),
+            }
+            if let Err(e) = self.mark_sent(&request, now).await {
+                tracing::warn!(digest = id, error = %e,
+                    "digest sent, its dispatch mark not written; its items are deleted");
+            }
         }
         for item in &items {
-            marks.mark(&item.recipient, &item.message_id, now).await?;
+            if let Err(e) = marks.mark(&item.recipient, &item.message_id, now).await {
+                tracing::warn!(digest = id, message_id = %item.message_id, error = %e,
+                    "dispatch mark of a message sent in a digest not written");
+            }
         }
         sqlx::query("DELETE FROM digest_items WHERE digest_id = $1")
             .bind(id)
-            .execute(&mut *tx)
+            .execute(&self.pipeline.digests.pool)
             .await?;
-        tx.commit().await?;
         Ok(published)
+    }
+
+    /// The items of digest `id`, leased to this worker for [`SEND_LEASE`]; `None` when
+    /// another worker holds the digest or its lease, or it has no items left.
+    async fn lease(&self, id: &str) -> Result<Option<Vec<Item>>, DigestError> {
+        let mut tx = self.pipeline.digests.pool.begin().await?;
+        if !try_lock(&mut tx, &["digest", id]).await? {
+            return Ok(None);
+        }
+        let mut items: Vec<Item> = sqlx::query_as(
+            "UPDATE digest_items SET sending_until = clock_timestamp() + make_interval(secs => $2) \
+             WHERE digest_id = $1 AND NOT EXISTS (SELECT 1 FROM digest_items \
+             WHERE digest_id = $1 AND sending_until > clock_timestamp()) \
+             RETURNING id, recipient, rule, group_key, channel, message_id, message_text, \
+             expires_at",
+        )
+        .bind(id)
+        .bind(SEND_LEASE.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        items.sort_unstable_by_key(|i| i.id);
+        Ok(Some(items).filter(|items| !items.is_empty()))
+    }
+
+    /// Ends this worker's lease of digest `id` early, its publish having failed; a failure
+    /// is logged (the lease then runs out).
+    async fn release(&self, id: &str) {
+        let released =
+            sqlx::query("UPDATE digest_items SET sending_until = NULL WHERE digest_id = $1")
+                .bind(id)
+                .execute(&self.pipeline.digests.pool)
+                .await;
+        if let Err(e) = released {
+            tracing::warn!(digest = id, error = %e, "digest lease not released; it runs out");
+        }
+    }
+
+    /// Writes the dispatch mark of the digest `request` sent at `now`.
+    async fn mark_sent(
+        &self,
+        request: &SendRequest,
+        now: DateTime<Utc>,
+    ) -> Result<(), redis::RedisError> {
+        if failpoint::fails_after_decision(self.pipeline.failpoint, &request.recipient) {
+            return Err(failpoint::gone("fail-after-decision").into());
+        }
+        self.pipeline.marks.mark_dispatched(request, now).await
     }
 
     /// Publishes the digest `id` of `items` (one group's, at least one) on their channel.
@@ -432,25 +546,28 @@ impl Flusher<'_> {
         Ok(())
     }
 
-    /// The request a digest of `first`'s group is decided as: `first`'s (its channel,
-    /// category, zone, attributes and priority meet the same rules) under the digest's id,
-    /// costing one send, without a payload or deadline. `None` (logged) when `first` does not
-    /// read back as a request, which a held item written by the worker always does.
-    fn request(&self, first: &Item, id: &str) -> Option<SendRequest> {
-        let max = self.pipeline.max_body_bytes.max(first.message_text.len());
-        match SendRequest::decode(first.message_text.as_bytes(), max) {
-            Ok(held) => Some(SendRequest {
-                id: id.to_owned(),
-                cost: 1,
-                payload: None,
-                expires_at: None,
-                ..held
-            }),
-            Err(e) => {
-                tracing::error!(item = first.id, error = %e, "held digest item is not a request");
-                None
+    /// The request a digest of `items` (one group's) is decided as: the first of them that
+    /// reads back as a request (its channel, category, zone, attributes and priority meet the
+    /// same rules), under the digest's id, costing one send, without a payload or deadline.
+    /// One that does not read back (logged; a held item written by the worker always does)
+    /// goes out in the digest as it is, and holds no group back. `None` when none reads back.
+    fn request(&self, items: &[Item], id: &str) -> Option<SendRequest> {
+        items.iter().find_map(|item| {
+            let max = self.pipeline.max_body_bytes.max(item.message_text.len());
+            match SendRequest::decode(item.message_text.as_bytes(), max) {
+                Ok(held) => Some(SendRequest {
+                    id: id.to_owned(),
+                    cost: 1,
+                    payload: None,
+                    expires_at: None,
+                    ..held
+                }),
+                Err(e) => {
+                    tracing::error!(item = item.id, error = %e, "held digest item is not a request");
+                    None
+                }
             }
-        }
+        })
     }
 
     /// Records `item`, past its deadline at `now`, as a denial with reason `expired` under

@@ -18,12 +18,38 @@ pub enum Failpoint {
     FailStuckIds,
     /// Every attempt at a message whose id starts with `slow-` waits [`SLOW_IDS_HOLD`] before
     /// it is decided: deliveries that stay in flight for a while, as behind a slow service.
+    /// A digest to a recipient whose name starts with `slow-` waits as long before its
+    /// publish: a worker stalled while sending one.
     SlowIds,
+    /// For every recipient whose name starts with `gone-`, the step right after a decision
+    /// fails, every time: Redis goes away after a script refused the message (before its
+    /// refunds and the deny cache), Postgres after the limiter admitted a digest (before its
+    /// items are bound to it), Redis after a digest's publish (its dispatch marks). What a
+    /// service failing between two steps leaves must be retried, never let out.
+    FailAfterDecision,
 }
 
 /// How long [`Failpoint::SlowIds`] holds each attempt: far longer than healing the topology
 /// takes, far shorter than the default shutdown timeout, so a test tells them apart.
 pub const SLOW_IDS_HOLD: std::time::Duration = std::time::Duration::from_secs(6);
+
+/// The recipients [`Failpoint::FailAfterDecision`] fails.
+pub const FAILING_RECIPIENT_PREFIX: &str = "gone-";
+
+/// Whether [`Failpoint::FailAfterDecision`] is armed and fails the step after a decision
+/// about a message to `recipient`.
+pub fn fails_after_decision(armed: Option<Failpoint>, recipient: &str) -> bool {
+    self::armed(armed, Failpoint::FailAfterDecision)
+        && recipient.starts_with(FAILING_RECIPIENT_PREFIX)
+}
+
+/// The I/O error a failpoint stands in for a service going away with.
+pub fn gone(which: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        format!("failpoint {which}"),
+    )
+}
 
 /// Whether this build has failpoints (the cargo feature `failpoints`).
 pub fn enabled() -> bool {
@@ -48,6 +74,7 @@ pub fn parse(value: &str) -> Result<Failpoint, String> {
         "stall-consumer-once" => Ok(Failpoint::StallConsumerOnce),
         "fail-stuck-ids" => Ok(Failpoint::FailStuckIds),
         "slow-ids" => Ok(Failpoint::SlowIds),
+        "fail-after-decision" => Ok(Failpoint::FailAfterDecision),
         other => Err(format!("unknown SENDQUOTA_FAILPOINT {other:?}")),
     }
 }
@@ -66,6 +93,10 @@ mod tests {
         );
         assert_eq!(parse("fail-stuck-ids"), Ok(Failpoint::FailStuckIds));
         assert_eq!(parse("slow-ids"), Ok(Failpoint::SlowIds));
+        assert_eq!(
+            parse("fail-after-decision"),
+            Ok(Failpoint::FailAfterDecision)
+        );
         assert!(parse("nope").is_err());
         assert!(armed(
             Some(Failpoint::FailStuckIds),

@@ -28,7 +28,8 @@
 //! Around it: `startup` builds the application and runs it until stopped; `config` (TOML and
 //! environment), `clock` (injectable time), `store` (the Redis connection, single or cluster),
 //! `tls` (certificate files and the process's one rustls crypto provider), `admin` (the admin
-//! HTTP API), `reload` (the running rules, swapped whole on SIGHUP or the API, and audited),
+//! HTTP API), `console` (the operator console in the browser, under `/ui` on the admin server),
+//! `rollup` (per-minute decision counts in Postgres, for the console's charts), `reload` (the running rules, swapped whole on SIGHUP or the API, and audited),
 //! `replay` and `quarantine` (the operators' commands on denied and quarantined
 //! messages), `tail` (printing what is dispatched), `schema` (the request's JSON Schema for
 //! producers), `telemetry` (logs and metrics), `traces` (spans
@@ -50,6 +51,7 @@ mod admin;
 mod attributes;
 mod broker;
 mod claim;
+mod console;
 mod deadline;
 mod decision;
 mod dedup;
@@ -67,6 +69,7 @@ mod priority;
 mod quarantine;
 mod reload;
 mod replay;
+mod rollup;
 mod schema;
 mod sequence;
 mod store;
@@ -100,6 +103,10 @@ pub mod internals {
     /// The crate's `claim` module.
     pub mod claim {
         pub use crate::claim::*;
+    }
+    /// The crate's `console` module.
+    pub mod console {
+        pub use crate::console::*;
     }
     /// The crate's `deadline` module.
     pub mod deadline {
@@ -168,6 +175,10 @@ pub mod internals {
     /// The crate's `replay` module.
     pub mod replay {
         pub use crate::replay::*;
+    }
+    /// The crate's `rollup` module.
+    pub mod rollup {
+        pub use crate::rollup::*;
     }
     /// The crate's `sequence` module.
     pub mod sequence {

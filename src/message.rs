@@ -570,6 +570,18 @@ fn optional(
     if value.is_empty() {
         return Err(InvalidMessage::Empty(field));
     }
+    // The usual field is ASCII: one pass over its bytes decides all three checks (no format
+    // character is ASCII).
+    if value.is_ascii() {
+        if value.len() > limit {
+            let len = value.len();
+            return Err(InvalidMessage::TooLong { field, len, limit });
+        }
+        if value.bytes().any(|b| b.is_ascii_control()) {
+            return Err(InvalidMessage::ControlCharacter(field));
+        }
+        return Ok(Some(value));
+    }
     let len = value.chars().count();
     if len > limit {
         return Err(InvalidMessage::TooLong { field, len, limit });
@@ -595,6 +607,16 @@ fn text(field: &'static str, raw: Option<&RawValue>) -> Result<Option<String>, I
             expected: "a string",
             got: json_type(json),
         });
+    }
+    // The text was checked as JSON with the whole body: a string without escapes is the text
+    // between its quotes (a raw control character is not valid JSON), read without parsing it
+    // again.
+    if let Some(plain) = json
+        .strip_prefix('"')
+        .and_then(|j| j.strip_suffix('"'))
+        .filter(|j| !j.contains('\\'))
+    {
+        return Ok(Some(plain.to_owned()));
     }
     serde_json::from_str(json)
         .map(Some)

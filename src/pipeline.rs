@@ -27,6 +27,7 @@ use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{Failure, Handled, Outcome, OutcomeName};
 use crate::policy::Rule;
 use crate::reload::LiveRules;
+use crate::rollup::DecisionCounts;
 use crate::sequence::Place;
 use crate::telemetry;
 use crate::traces::{self, MessageTrace, Traces};
@@ -97,6 +98,8 @@ pub struct Pipeline {
     pub digests: Digests,
     /// Span export; `None` (the default) when no OTLP endpoint is set: no span is made.
     pub traces: Option<Arc<Traces>>,
+    /// Settled decisions counted for the per-minute rollup (written by its own task).
+    pub rollup: Arc<DecisionCounts>,
 }
 
 impl Pipeline {
@@ -285,10 +288,16 @@ impl Pipeline {
     }
 
     /// Fails open: Redis could not decide the message (`error`) and every rule matching it has
-    /// `on_unavailable = "allow"`, so it is recorded as a row marked unchecked under `rule`
-    /// (the first of them), then published to the dispatch exchange. Nothing is read from or
+    /// `on_unavailable = "allow"`, so it is published to the dispatch exchange, then recorded
+    /// as a row marked unchecked under `rule` (the first of them). Nothing is read from or
     /// written to Redis: no quota is taken, no dispatch mark written and the claim is left to
     /// its lease, so a copy of the message decided later may go out again.
+    ///
+    /// The row is written once the broker has the message: a row written before a publish
+    /// that failed would stand for a dispatch that never happened, and take the place of the
+    /// denial the message meets once Redis is back (one row per message and rule), which then
+    /// could never be replayed. A row that cannot be written after the publish is logged and
+    /// counted, and the message is not sent again for it.
     async fn unchecked(
         &self,
         decoded: &Decoded<'_>,
@@ -309,9 +318,12 @@ impl Pipeline {
             retry_after: None,
             expires_at: decoded.receipt.deadline(message),
         };
-        self.record(decoded, refusal).await?;
         decoded.publish_dispatch(&self.names.dispatch).await?;
         metrics::counter!(telemetry::UNCHECKED).increment(1);
+        if let Err(e) = self.record(decoded, refusal).await {
+            tracing::error!(message_id = %message.id, rule = %rule.name, error = %e,
+                "dispatched unchecked, but its unchecked row was not written");
+        }
         tracing::warn!(message_id = %message.id, rule = %rule.name, %error,
             "redis unavailable: message dispatched unchecked");
         Ok(Handled::Unchecked {

@@ -17,6 +17,7 @@ use lapin::Channel;
 use serde::Serialize;
 
 use crate::broker::{self, timed, BrokerError, Names, Publisher};
+use crate::config::AmqpSettings;
 use crate::denials::{DenialError, DenialStore};
 
 /// One quarantined message, as `quarantine list` prints it.
@@ -89,24 +90,57 @@ pub async fn list(
     Ok(out)
 }
 
-/// Publishes up to `limit` quarantined messages back to the requests exchange, each recorded
-/// in `quarantine_replays` and then acked off the quarantine queue; returns how many. Only as
-/// many messages as the queue held when it started are taken: the queue is first in, first
-/// out and quarantined-again replays join its tail, so those are the messages it held, each
-/// taken once (two copies of one message, a producer's retry, are two messages).
+/// The actor `sendquota quarantine replay` records in `quarantine_replays` (the console records
+/// the admin token's name).
+pub const CLI_ACTOR: &str = "cli";
+
+/// Which quarantined messages a replay takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Which {
+    /// The oldest, up to `limit` of them.
+    All {
+        /// At most this many.
+        limit: usize,
+    },
+    /// The message with this `message_id` (its first copy, should the queue hold two): the
+    /// messages before it are looked at and given back, in their places.
+    One {
+        /// Its `message_id` property.
+        message_id: String,
+    },
+}
+
+/// Publishes the quarantined messages `which` names back to the requests exchange, each
+/// recorded in `quarantine_replays` (with `actor`) and then acked off the quarantine queue;
+/// returns how many. Only as many messages as the queue held when it started are looked at:
+/// the queue is first in, first out and quarantined-again replays join its tail, so those are
+/// the messages it held, each taken once (two copies of one message, a producer's retry, are
+/// two messages). Messages looked at but not replayed stay unacked on `channel`, which the
+/// caller closes to give them back.
 pub async fn replay(
     channel: &Channel,
     publisher: &Publisher,
     names: &Names,
     store: &DenialStore,
-    limit: usize,
+    which: &Which,
+    actor: &str,
 ) -> Result<usize, QuarantineError> {
     let held = broker::ready_count(channel, &names.quarantine).await? as usize;
-    let mut replayed = 0;
-    while replayed < limit.min(held) {
+    let wanted = match which {
+        Which::All { limit } => (*limit).min(held),
+        Which::One { .. } => 1,
+    };
+    let (mut replayed, mut looked_at) = (0, 0);
+    while replayed < wanted && looked_at < held {
         let Some((tag, quarantined, properties)) = next(channel, names).await? else {
             break;
         };
+        looked_at += 1;
+        if let Which::One { message_id } = which {
+            if quarantined.message_id.as_deref() != Some(message_id.as_str()) {
+                continue;
+            }
+        }
         let headers: Vec<_> = broker::replay_header(&properties).into_iter().collect();
         let props = broker::json_properties(quarantined.message_id.as_deref(), &headers);
         let props = broker::carry(&properties, props);
@@ -117,6 +151,7 @@ pub async fn replay(
             .record_quarantine_replay(
                 quarantined.message_id.as_deref(),
                 quarantined.reason.as_deref().unwrap_or(""),
+                actor,
             )
             .await?;
         timed(
@@ -127,4 +162,43 @@ pub async fn replay(
         replayed += 1;
     }
     Ok(replayed)
+}
+
+/// [`list`] on a connection of its own (named `role`), closed afterwards: what the
+/// `quarantine list` command and the console show.
+pub async fn list_held(
+    settings: &AmqpSettings,
+    names: &Names,
+    role: &str,
+    limit: usize,
+) -> Result<Vec<Quarantined>, BrokerError> {
+    let connection = broker::connect(settings, role).await?;
+    let listed = async {
+        let channel = timed("channel.open", connection.create_channel()).await?;
+        list(&channel, names, limit).await
+    }
+    .await;
+    // Closing the connection gives the listed messages back to the queue.
+    let _ = connection.close(200, "done".into()).await;
+    listed
+}
+
+/// [`replay`] on a connection of its own (named `role`), closed afterwards: what the
+/// `quarantine replay` command and the console do.
+pub async fn replay_held(
+    settings: &AmqpSettings,
+    names: &Names,
+    store: &DenialStore,
+    which: &Which,
+    actor: &str,
+    role: &str,
+) -> Result<usize, QuarantineError> {
+    let (connection, publisher) = broker::open_publisher(settings, names, role).await?;
+    let replayed = async {
+        let channel = timed("channel.open", connection.create_channel()).await?;
+        replay(&channel, &publisher, names, store, which, actor).await
+    }
+    .await;
+    let _ = connection.close(200, "done".into()).await;
+    replayed
 }

@@ -15,6 +15,7 @@ use crate::admin::{self, AdminState, Health};
 use crate::broker::Names;
 use crate::clock::Clock;
 use crate::config::Settings;
+use crate::console::Console;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::deny_cache::{self, DenyCache};
@@ -23,12 +24,17 @@ use crate::failpoint::Failpoint;
 use crate::limiter::Limiter;
 use crate::pipeline::Pipeline;
 use crate::reload::{self, LiveRules, Reloader, Rules};
+use crate::rollup::{DecisionCounts, RollupWriter};
 use crate::store::RedisConn;
 use crate::traces::Traces;
 use crate::{telemetry, worker};
 
 /// How often buffered histogram samples are folded into their buckets.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// How long a stopping worker waits for the decision rollup's last write: one upsert, which
+/// Postgres answers in milliseconds; a Postgres that is away must not hold the exit.
+const ROLLUP_LAST_FLUSH: Duration = Duration::from_secs(5);
 
 /// Skew between the worker's clock and Redis `TIME` above which a warning is logged.
 const SKEW_WARNING_MS: i64 = 1_000;
@@ -87,7 +93,7 @@ pub async fn run(
     report_skew(&redis, clock.as_ref()).await;
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
-    let limiter = limiter(settings, &redis, &stop);
+    let limiter = limiter(settings, &redis, &stop).with_failpoint(failpoint);
     let rules = LiveRules::new(Rules::new(settings.policy.clone()));
     let reloader = Arc::new(Reloader::new(
         rules.clone(),
@@ -109,6 +115,10 @@ pub async fn run(
             clock: clock.clone(),
             health: health.clone(),
             tokens: Arc::new(settings.admin.tokens.clone()),
+            console: Arc::new(Console::new(
+                settings.amqp.clone(),
+                Names::new(&settings.namespace),
+            )),
         };
         serve_admin(&settings.admin.listen, state, stop.clone()).await?;
     }
@@ -118,6 +128,12 @@ pub async fn run(
         info!(endpoint = %crate::config::redact_url(&settings.telemetry.otlp_endpoint),
             "exporting spans over OTLP/HTTP");
     }
+    let rollup = Arc::new(DecisionCounts::default());
+    // Stopped after the worker's sessions have drained, not with them: their last decisions
+    // are counted until then.
+    let (rollup_stop_tx, rollup_stop) = watch::channel(false);
+    let rollup_written =
+        RollupWriter::new(rollup.clone(), denials.pool().clone(), clock.clone()).spawn(rollup_stop);
     let pipeline = Arc::new(Pipeline {
         rules,
         limiter,
@@ -134,6 +150,7 @@ pub async fn run(
         failpoint,
         digests,
         traces,
+        rollup,
     });
     keep_metrics_up(stop.clone());
     keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());
@@ -142,6 +159,14 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let supervised = worker::supervise(settings, &pipeline, &health, failpoint, stop).await;
+    // The last second's counts: the writer flushes once more when told to stop.
+    let _ = rollup_stop_tx.send(true);
+    if tokio::time::timeout(ROLLUP_LAST_FLUSH, rollup_written)
+        .await
+        .is_err()
+    {
+        warn!("the decision rollup's last counts were not written in time");
+    }
     // The deliveries have drained: their spans have ended and the last batch can go.
     if let Some(traces) = &pipeline.traces {
         traces.shutdown().await;

@@ -391,6 +391,9 @@ impl Task {
                         .current()
                         .metrics
                         .outcome(handled.name(), request);
+                    self.pipeline
+                        .rollup
+                        .count(self.pipeline.clock.now(), &handled);
                     log_handled(&delivery, request, &handled);
                     self.settler.ack(delivery.delivery_tag);
                     return;

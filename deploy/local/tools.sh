@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the command-line tools the tests run are installed: promtool (Debian's prometheus
-# package), which checks and unit-tests deploy/prometheus/alerts.yml, and Python's and Node.js's
+# package), which checks and unit-tests deploy/prometheus/alerts.yml, Debian's chromium, which
+# the console's browser tests drive headless (tests/it/console.rs), and Python's and Node.js's
 # packages for the producer examples. Installs what is missing when apt-get (pip, npm) is
 # available; exits non-zero, naming the tool, when one cannot be had.
 set -euo pipefail
@@ -20,6 +21,7 @@ install_tool() { # command package
 }
 
 install_tool promtool prometheus
+install_tool chromium chromium
 
 # The producer examples of docs/producers.md, which tests/it/producers.rs runs as a producer
 # would: their Python packages (docs/examples/requirements.txt) and Node.js packages

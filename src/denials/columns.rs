@@ -1,11 +1,12 @@
 //! The columns of a denial row, listed once: the insert names each of them, and every read
 //! selects them.
 //!
-//! The insert calls `denials_insert` (migrations/*_denial_unchecked.sql), which takes one
-//! array per column. Its parameters are named in the call (`message_ids => $1, ...`) from the
-//! same line of [`written!`] that binds the field, so no two arrays of one type can trade
-//! places unnoticed: moving a line moves its name with it, and a line whose parameter is not
-//! its field's plural fails `every_column_goes_to_the_parameter_named_for_it`.
+//! The insert is one statement built from the same list ([`written!`]): the batch's columns
+//! as one array each, unnested together (with each row's place in the batch), a claim of each
+//! row's denial event, and the rows whose event was new inserted. A column is added by a
+//! migration that adds it to the table and one line here: nothing else restates the list.
+//! Each array's type is written beside its column, so two arrays of one type cannot trade
+//! places unnoticed: the unnest names the columns in the order the arrays are bound.
 
 use std::sync::OnceLock;
 
@@ -66,21 +67,19 @@ impl Cell for Option<i64> {
     }
 }
 
-/// What `denials_insert` returns for each row it inserted: its recipient, message id, rule
-/// and replay_of (the event).
-pub(super) type Inserted = (String, String, String, Option<i64>);
+/// What the insert returns for each row it inserted: its place in the batch, from 1.
+pub(super) type Inserted = i64;
 
 /// The query of [`insert`], bound.
-pub(super) type Insert<'q> = sqlx::query::QueryAs<'q, Postgres, Inserted, PgArguments>;
+pub(super) type Insert<'q> = sqlx::query::QueryScalar<'q, Postgres, Inserted, PgArguments>;
 
-/// Declares the written columns, each as `"<parameter of denials_insert>" <- <field of
-/// DenialRow>`: [`WRITTEN`] lists them and [`bind`] binds one array per column, in the order
-/// of the lines.
+/// Declares the written columns, each as `<field of DenialRow> : "<its SQL type>"`: [`WRITTEN`]
+/// lists them and [`bind`] binds one array per column, in the order of the lines.
 macro_rules! written {
-    ($($param:literal <- $field:ident),* $(,)?) => {
-        /// Every written column: the parameter of `denials_insert` it goes to, and the field
-        /// (and column) of [`DenialRow`] it comes from, in the order [`bind`] binds them.
-        pub(super) const WRITTEN: &[(&str, &str)] = &[$(($param, stringify!($field))),*];
+    ($($field:ident : $sql_type:literal),* $(,)?) => {
+        /// Every written column (the field of [`DenialRow`] it comes from) and its SQL type,
+        /// in the order [`bind`] binds them.
+        pub(super) const WRITTEN: &[(&str, &str)] = &[$((stringify!($field), $sql_type)),*];
 
         /// Binds one array per column of `rows`, in [`WRITTEN`]'s order.
         fn bind<'q>(query: Insert<'q>, rows: &[&'q DenialRow]) -> Insert<'q> {
@@ -98,34 +97,67 @@ macro_rules! written {
 }
 
 written! {
-    "message_ids" <- message_id,
-    "recipients" <- recipient,
-    "channels" <- channel,
-    "categories" <- category,
-    "rules" <- rule,
-    "kinds" <- kind,
-    "reasons" <- reason,
-    "shadows" <- shadow,
-    "retry_afters" <- retry_after,
-    "messages" <- message,
-    "denied_ats" <- denied_at,
-    "replay_ofs" <- replay_of,
-    "expires_ats" <- expires_at,
-    "uncheckeds" <- unchecked,
+    message_id: "TEXT",
+    recipient: "TEXT",
+    channel: "TEXT",
+    category: "TEXT",
+    rule: "TEXT",
+    kind: "TEXT",
+    reason: "TEXT",
+    shadow: "BOOLEAN",
+    retry_after: "TIMESTAMPTZ",
+    message: "TEXT",
+    denied_at: "TIMESTAMPTZ",
+    replay_of: "BIGINT",
+    expires_at: "TIMESTAMPTZ",
+    unchecked: "BOOLEAN",
 }
 
-/// The insert of a batch of `rows`, every parameter named.
+/// The insert of a batch of `rows` (see migrations/*_denial_events.sql for why events are
+/// claimed first): one statement, so one implicit transaction. It returns the place in the
+/// batch of each row inserted; a row whose event was recorded before is not.
 pub(super) fn insert<'q>(rows: &[&'q DenialRow]) -> Insert<'q> {
+    bind(sqlx::query_scalar(sqlx::AssertSqlSafe(insert_sql())), rows)
+}
+
+/// The statement of [`insert`], built once.
+fn insert_sql() -> &'static str {
     static SQL: OnceLock<String> = OnceLock::new();
-    let sql = SQL.get_or_init(|| {
-        let args: Vec<String> = WRITTEN
+    SQL.get_or_init(|| {
+        let arrays: Vec<String> = WRITTEN
             .iter()
             .enumerate()
-            .map(|(i, (param, _))| format!("{param} => ${}", i + 1))
+            .map(|(i, (_, sql_type))| format!("${}::{sql_type}[]", i + 1))
             .collect();
-        format!("SELECT * FROM denials_insert({})", args.join(", "))
-    });
-    bind(sqlx::query_as(sqlx::AssertSqlSafe(sql.as_str())), rows)
+        let names: Vec<&str> = WRITTEN.iter().map(|(column, _)| *column).collect();
+        // The request goes into `message` as jsonb (queries over it) and `message_text` as
+        // written (what is read back and replayed).
+        let (mut targets, mut values) = (Vec::new(), Vec::new());
+        for column in &names {
+            targets.push(*column);
+            if *column == "message" {
+                values.push("b.message::jsonb".to_owned());
+                targets.push("message_text");
+            }
+            values.push(format!("b.{column}"));
+        }
+        format!(
+            "WITH batch AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS t({names}, n)), \
+             claimed AS (INSERT INTO denial_events (recipient, message_id, rule, replay_of, \
+             denied_at) SELECT recipient, message_id, rule, COALESCE(replay_of, 0), denied_at \
+             FROM batch ORDER BY 1, 2, 3, 4 ON CONFLICT DO NOTHING \
+             RETURNING recipient, message_id, rule, replay_of), \
+             inserted AS (INSERT INTO denials ({targets}) SELECT {values} FROM batch b \
+             JOIN claimed c USING (recipient, message_id, rule) \
+             WHERE c.replay_of = COALESCE(b.replay_of, 0)) \
+             SELECT b.n FROM batch b JOIN claimed c USING (recipient, message_id, rule) \
+             WHERE c.replay_of = COALESCE(b.replay_of, 0)",
+            arrays = arrays.join(", "),
+            names = names.join(", "),
+            targets = targets.join(", "),
+            values = values.join(", "),
+        )
+    })
 }
 
 /// The columns every read of a [`super::Denial`] selects: the id, the written columns and
@@ -135,7 +167,7 @@ pub(super) fn read() -> &'static str {
     static COLUMNS: OnceLock<String> = OnceLock::new();
     COLUMNS.get_or_init(|| {
         let mut columns = vec!["id"];
-        columns.extend(WRITTEN.iter().map(|(_, column)| match *column {
+        columns.extend(WRITTEN.iter().map(|(column, _)| match *column {
             "message" => "COALESCE(message_text, message::text) AS message",
             column => column,
         }));
@@ -149,29 +181,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_column_goes_to_the_parameter_named_for_it() {
-        for (param, field) in WRITTEN {
-            let plural = match field.strip_suffix('y') {
-                Some(stem) => format!("{stem}ies"),
-                None => format!("{field}s"),
-            };
-            assert_eq!(*param, plural, "column {field}");
-        }
-    }
-
-    #[test]
-    fn the_insert_names_every_parameter_of_denials_insert() {
-        let migration = include_str!("../../migrations/20261126000004_denial_unchecked.sql");
-        let declared = migration
-            .split("CREATE FUNCTION denials_insert(")
-            .nth(1)
-            .and_then(|rest| rest.split(") RETURNS").next())
-            .expect("denials_insert is declared");
-        let params: Vec<&str> = declared
-            .lines()
-            .filter_map(|line| line.split_whitespace().next())
-            .collect();
-        let named: Vec<&str> = WRITTEN.iter().map(|(param, _)| *param).collect();
-        assert_eq!(named, params);
+    fn the_insert_unnests_one_array_per_column_in_the_order_they_are_bound() {
+        let sql = insert_sql();
+        let names: Vec<&str> = WRITTEN.iter().map(|(column, _)| *column).collect();
+        assert!(
+            sql.contains(&format!("AS t({}, n)", names.join(", "))),
+            "{sql}"
+        );
+        assert!(sql.contains("unnest($1::TEXT[], $2::TEXT[]"), "{sql}");
+        assert!(
+            sql.contains(&format!("${}::BOOLEAN[])", WRITTEN.len())),
+            "{sql}"
+        );
     }
 }

@@ -335,25 +335,25 @@ impl DenialStore {
         for (i, key) in keys.iter().enumerate() {
             first.entry(*key).or_insert(i);
         }
-        let unique: Vec<&DenialRow> = rows
+        let (places, unique): (Vec<usize>, Vec<&DenialRow>) = rows
             .iter()
             .enumerate()
             .filter(|(i, _)| first.get(&keys[*i]) == Some(i))
-            .map(|(_, r)| *r)
-            .collect();
-        // One statement, one implicit transaction: see migrations/*_denial_events.sql. The
-        // columns borrow from the rows: nothing is copied before sqlx encodes it.
+            .map(|(i, r)| (i, *r))
+            .unzip();
+        // One statement, one implicit transaction. The columns borrow from the rows: nothing
+        // is copied before sqlx encodes it.
         let inserted: Vec<columns::Inserted> =
             columns::insert(&unique).fetch_all(&self.pool).await?;
-        let new: std::collections::HashSet<EventKey<'_>> = inserted
-            .iter()
-            .map(|(recipient, id, rule, replay)| event_key(recipient, id, rule, *replay))
-            .collect();
-        Ok(keys
-            .iter()
-            .enumerate()
-            .map(|(i, key)| first.get(key) == Some(&i) && new.contains(key))
-            .collect())
+        let mut new = vec![false; rows.len()];
+        for n in inserted {
+            // The insert numbers the batch it was given from 1.
+            let place = usize::try_from(n - 1).ok().and_then(|u| places.get(u));
+            if let Some(&i) = place {
+                new[i] = true;
+            }
+        }
+        Ok(new)
     }
 
     /// Denials matching `filter`, newest first.
@@ -362,6 +362,15 @@ impl DenialStore {
             .build()
             .build_query_as()
             .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// The denial with row id `id`, if there is one (the console's detail page).
+    pub async fn get(&self, id: i64) -> Result<Option<Denial>, DenialError> {
+        let q = format!("SELECT {} FROM denials WHERE id = $1", columns::read());
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .fetch_optional(&self.pool)
             .await?)
     }
 
@@ -508,17 +517,22 @@ impl DenialStore {
         Ok(())
     }
 
-    /// Records that a quarantined message was published again (`sendquota quarantine replay`).
+    /// Records that `actor` published a quarantined message again (`sendquota quarantine
+    /// replay`, or the console).
     pub async fn record_quarantine_replay(
         &self,
         message_id: Option<&str>,
         reason: &str,
+        actor: &str,
     ) -> Result<(), DenialError> {
-        sqlx::query("INSERT INTO quarantine_replays (message_id, reason) VALUES ($1, $2)")
-            .bind(message_id)
-            .bind(reason)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO quarantine_replays (message_id, reason, actor) VALUES ($1, $2, $3)",
+        )
+        .bind(message_id)
+        .bind(reason)
+        .bind(actor)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

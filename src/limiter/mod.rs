@@ -19,6 +19,7 @@ use crate::deadline::{self, Receipt};
 use crate::decision::{self, Verdict};
 use crate::dedup;
 use crate::deny_cache::{self, DenyCache};
+use crate::failpoint::{self, Failpoint};
 use crate::keys;
 use crate::kinds::{calendar, Kind};
 use crate::message::SendRequest;
@@ -34,19 +35,35 @@ pub enum LimiterError {
     /// Redis was unreachable, timed out, or the script failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Redis failed after a script had decided the message or taken its claim (a later
+    /// scope's call, the refunds of a refused message, the deny cache): Redis holds part of a
+    /// decision, so the message is decided there again, never let out unchecked.
+    #[error("redis, after the message was decided: {0}")]
+    AfterDecision(redis::RedisError),
 }
 
 impl LimiterError {
+    /// This failure, raised once part of the message's decision was made in Redis.
+    fn after_decision(self) -> LimiterError {
+        match self {
+            LimiterError::Redis(e) => LimiterError::AfterDecision(e),
+            after => after,
+        }
+    }
+
     /// Whether Redis is away rather than failing this call: unreachable, the connection
     /// refused, dropped or timed out (all I/O errors), no node to serve the slot, or a server
     /// that cannot take the call now (loading its data, cluster down, master down, a
     /// failover's TRYAGAIN, a demoted replica's READONLY). A rule with `on_unavailable =
     /// "allow"` lets a message out unchecked only then; a script error, a reply the worker
     /// cannot read, or a refusal of the call itself (permissions, configuration) are not
-    /// unavailability and keep their retries and quarantine.
+    /// unavailability and keep their retries and quarantine; nor is Redis going away once
+    /// part of the decision was made ([`LimiterError::AfterDecision`]).
     pub fn is_unavailable(&self) -> bool {
         use redis::{ErrorKind, ServerErrorKind};
-        let LimiterError::Redis(e) = self;
+        let LimiterError::Redis(e) = self else {
+            return false;
+        };
         matches!(
             e.kind(),
             ErrorKind::Io
@@ -90,6 +107,8 @@ pub struct Limiter {
     conn: RedisConn,
     namespace: String,
     cache: Option<Arc<DenyCache>>,
+    /// A deliberate fault for tests; `None` in production.
+    failpoint: Option<Failpoint>,
 }
 
 /// A scope's rules with the keys and arguments of its script call.
@@ -161,7 +180,14 @@ impl Limiter {
             conn,
             namespace: namespace.into(),
             cache: None,
+            failpoint: None,
         }
+    }
+
+    /// This limiter with the fault `failpoint` armed (crash tests only).
+    pub fn with_failpoint(mut self, failpoint: Option<Failpoint>) -> Limiter {
+        self.failpoint = failpoint;
+        self
     }
 
     /// This limiter, answering repeat denials of full recipients from `cache`.
@@ -287,26 +313,41 @@ impl Limiter {
         }
         let run = match self
             .run_scopes(calls, rules.len(), message, now, zone, commit, claim)
-            .await?
-        {
+            .await
+            // A claim taken on its own is part of the decision already.
+            .map_err(|e| match claimed_alone {
+                Some(_) => e.after_decision(),
+                None => e,
+            })? {
             Scopes::Ran(run) => run,
             Scopes::Stopped(early) => return Ok(early),
         };
-        if run.blocked {
-            self.give_back(&run.taken, message, now, claim, claimed_alone)
-                .await?;
-        }
-        let admitted = commit && !run.blocked;
-        if admitted && self.admission_changes_full_recipients(policy, &run.verdicts) {
-            self.announce_changed(&message.recipient).await?;
-        }
-        if let (Some(cache), Some(generation), true) = (cache, generation, run.blocked) {
-            self.remember_denial(cache, message, zone, now, &rules, &run.verdicts, generation)
-                .await?;
-        }
+        // What follows the scripts' decision: a refused message gives back what it took and
+        // is remembered by the deny cache; an admission some cached denial did not foresee is
+        // announced.
+        let settled = async {
+            if run.blocked && failpoint::fails_after_decision(self.failpoint, &message.recipient) {
+                let gone = redis::RedisError::from(failpoint::gone("fail-after-decision"));
+                return Err(LimiterError::Redis(gone));
+            }
+            if run.blocked {
+                self.give_back(&run.taken, message, now, claim, claimed_alone)
+                    .await?;
+            }
+            let admitted = commit && !run.blocked;
+            if admitted && self.admission_changes_full_recipients(policy, &run.verdicts) {
+                self.announce_changed(&message.recipient).await?;
+            }
+            if let (Some(cache), Some(generation), true) = (cache, generation, run.blocked) {
+                self.remember_denial(cache, message, zone, now, &rules, &run.verdicts, generation)
+                    .await?;
+            }
+            Ok(admitted)
+        };
+        let committed = settled.await.map_err(LimiterError::after_decision)?;
         Ok(Evaluation::Decided {
             verdicts: run.verdicts,
-            committed: admitted,
+            committed,
         })
     }
 
@@ -351,6 +392,7 @@ impl Limiter {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; rule_count];
         let mut taken = Vec::new();
         let mut blocked = false;
+        let mut replied = false;
         let mut conn = self.conn.clone();
         for call in calls {
             let mode = if commit && !blocked {
@@ -360,7 +402,13 @@ impl Limiter {
             };
             let reply: Reply = call
                 .invoke(&mut conn, now, &message.id, mode, claim)
-                .await?;
+                .await
+                .map_err(|e| match replied {
+                    // An earlier scope decided (and may have taken) its part.
+                    true => LimiterError::AfterDecision(e),
+                    false => LimiterError::Redis(e),
+                })?;
+            replied = true;
             // Only the first call (the recipient scope) reads the marks and the claims: when
             // it stops the decision, nothing was taken yet.
             let (committed, results) = match ran(reply) {
@@ -692,7 +740,8 @@ impl Limiter {
                     }
                     _ => keys::scope_tag(&scope.of(message)),
                 };
-                let mut rule_keys = Vec::with_capacity(2 * rules.len() + 1);
+                // Two per rule, then the marks and claims keys.
+                let mut rule_keys = Vec::with_capacity(2 * rules.len() + 2);
                 let mut rule_args = Vec::with_capacity(2 + 8 * rules.len());
                 rule_args.push(ScriptArg::Int(i64::from(message.cost)));
                 rule_args.push(ScriptArg::Int(rules.len() as i64));
@@ -945,5 +994,19 @@ mod tests {
             "reply is not a decision",
         ));
         assert!(!LimiterError::Redis(unreadable).is_unavailable());
+    }
+
+    #[test]
+    fn redis_going_away_once_part_of_a_decision_was_made_is_not_unavailable() {
+        let away = io(std::io::ErrorKind::ConnectionReset);
+        assert!(away.is_unavailable());
+        let after = away.after_decision();
+        assert!(!after.is_unavailable());
+        assert!(
+            after
+                .to_string()
+                .starts_with("redis, after the message was decided: "),
+            "{after}"
+        );
     }
 }

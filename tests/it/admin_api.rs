@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 use sendquota::clock::ManualClock;
 use serde_json::Value;
 use support::http::http;
-use support::private::free_port;
 use support::{local, request, TestEnv};
 
-const TOKEN: &str = "test-token-0123456789abcdef";
+use support::ADMIN_TOKEN as TOKEN;
 
 /// A worker with the admin API on a free port and one token, ready.
 async fn admin_env() -> (TestEnv, ManualClock, u16) {
@@ -25,15 +24,8 @@ async fn admin_env_with(
 ) -> (TestEnv, ManualClock, u16) {
     let mut env = TestEnv::new().await;
     configure(&mut env.settings);
-    let port = free_port();
-    env.settings.admin.listen = format!("127.0.0.1:{port}");
-    env.settings.admin.tokens = vec![sendquota::config::AdminToken {
-        name: "ops-alice".to_owned(),
-        token: TOKEN.to_owned(),
-    }];
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
-    env.start_worker(&clock);
-    support::http::wait_until_ready(port).await;
+    let port = env.start_admin_worker(&clock).await;
     (env, clock, port)
 }
 

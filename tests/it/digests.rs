@@ -3,6 +3,9 @@
 //! digest, consuming one send, once the recipient has room again; two workers flushing at once
 //! send it once; a digest interrupted after its publish is not sent again; a held message past
 //! its deadline is dropped from its digest and recorded expired; `digest_by` groups apart.
+//! Faults between the steps of a flush (a digest that cannot be routed, a dispatch mark or an
+//! item binding that fails, a worker losing its Postgres session mid-publish) hold back no
+//! other digest, send none twice and take no second send.
 
 use crate::support;
 
@@ -10,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sendquota::clock::ManualClock;
+use sendquota::failpoint::{Failpoint, SLOW_IDS_HOLD};
 use sendquota::internals::broker;
 use sendquota::internals::dedup::DispatchMarks;
 use sendquota::internals::digest::{self, COUNT_HEADER};
@@ -79,6 +83,32 @@ async fn digests(env: &TestEnv, n: usize) -> Vec<Sent> {
     sent
 }
 
+/// Another worker on the same settings and clock, in this process (without failpoints).
+struct SecondWorker {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SecondWorker {
+    fn start(env: &TestEnv, clock: &ManualClock) -> SecondWorker {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (settings, clock) = (env.settings.clone(), std::sync::Arc::new(clock.clone()));
+        let task = tokio::spawn(async move {
+            sendquota::startup::run(&settings, clock, None, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("second worker runs");
+        });
+        SecondWorker { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("second worker stops");
+    }
+}
+
 /// Held items, per message id.
 async fn held(env: &TestEnv) -> Vec<String> {
     sqlx::query_scalar("SELECT message_id FROM digest_items ORDER BY message_id")
@@ -91,6 +121,37 @@ async fn held(env: &TestEnv) -> Vec<String> {
 async fn held_are(env: &TestEnv, ids: &[&str]) {
     env.copies_decided().await;
     assert_eq!(held(env).await, ids);
+}
+
+/// Holds `body` under rule `daily` as the worker would have at `now`, bound to the digest
+/// `digest_id` when given (admitted, not yet sent): the state a stopped worker leaves.
+async fn hold(
+    env: &TestEnv,
+    body: &serde_json::Value,
+    digest_id: Option<&str>,
+    now: DateTime<Utc>,
+) {
+    let field = |name: &str| body[name].as_str().map(str::to_owned);
+    let expires_at = field("expires_at").map(|t| {
+        DateTime::parse_from_rfc3339(&t)
+            .expect("an RFC 3339 deadline")
+            .with_timezone(&Utc)
+    });
+    sqlx::query(
+        "INSERT INTO digest_items (recipient, rule, group_key, channel, message_id, \
+         message_text, held_at, digest_id, expires_at) \
+         VALUES ($1, 'daily', '', $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(field("recipient"))
+    .bind(field("channel"))
+    .bind(field("id"))
+    .bind(body.to_string())
+    .bind(now)
+    .bind(digest_id)
+    .bind(expires_at)
+    .execute(&env.pool)
+    .await
+    .expect("hold");
 }
 
 async fn publish_copies(env: &TestEnv, body: &serde_json::Value) {
@@ -197,18 +258,7 @@ async fn two_workers_flushing_at_once_send_each_digest_once() {
     let mut env = TestEnv::with_config(DAILY_DIGEST).await;
     let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
     env.start_worker(&clock);
-    let (stop_second, second) = {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (settings, clock) = (env.settings.clone(), std::sync::Arc::new(clock.clone()));
-        let task = tokio::spawn(async move {
-            sendquota::startup::run(&settings, clock, None, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("second worker runs");
-        });
-        (stop, task)
-    };
+    let second = SecondWorker::start(&env, &clock);
     let mut expected_held = Vec::new();
     for r in 0..RECIPIENTS {
         env.publish(&request(&format!("r{r:02}-0"), &format!("r{r:02}"), "UTC"))
@@ -242,8 +292,7 @@ async fn two_workers_flushing_at_once_send_each_digest_once() {
         })
         .collect();
     assert_eq!(per_recipient, expected);
-    let _ = stop_second.send(());
-    second.await.expect("second worker stops");
+    second.stop().await;
     env.stop_worker().await;
     assert!(held(&env).await.is_empty());
 }
@@ -264,19 +313,7 @@ async fn a_digest_published_before_a_crash_is_not_sent_again() {
         ("carol", "c-2", &went),
         ("dave", "d-1", &pending),
     ] {
-        let text = request(id, recipient, "UTC").to_string();
-        sqlx::query(
-            "INSERT INTO digest_items (recipient, rule, group_key, channel, message_id, \
-             message_text, held_at, digest_id) VALUES ($1, 'daily', '', 'sms', $2, $3, $4, $5)",
-        )
-        .bind(recipient)
-        .bind(id)
-        .bind(text)
-        .bind(now)
-        .bind(digest_id)
-        .execute(&env.pool)
-        .await
-        .expect("hold");
+        hold(&env, &request(id, recipient, "UTC"), Some(digest_id), now).await;
     }
     let marks = DispatchMarks::new(env.redis.clone(), &env.namespace, 3_600);
     marks.mark("carol", &went, now).await.expect("mark");
@@ -377,4 +414,188 @@ async fn digest_by_sends_one_digest_per_campaign() {
     );
     env.stop_worker().await;
     assert_eq!(env.denial_rows().await, 0);
+}
+
+/// A digest on a channel no sender queue is bound to comes back unroutable at every attempt:
+/// it stays held and is tried again, while the flush goes on to the other digests and groups.
+#[tokio::test]
+async fn a_digest_that_cannot_be_sent_does_not_hold_back_the_others() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let now = local("UTC", "2026-02-03 09:00");
+    env.unbind_dispatched().await;
+    env.bind_dispatched("sms").await;
+    let mut push = request("m-1", "mallory", "UTC");
+    push["channel"] = "push".into();
+    let stuck = digest::digest_id("daily", "mallory", "", 1);
+    hold(&env, &push, Some(&stuck), now).await;
+    hold(&env, &request("c-1", "carol", "UTC"), None, now).await;
+    env.start_worker(&ManualClock::new(now));
+    let sent = digests(&env, 1).await;
+    assert_eq!(sent[0].body["digest"]["recipient"].as_str(), Some("carol"));
+    assert_eq!(held(&env).await, ["m-1"], "the unroutable digest is kept");
+    // Once a sender listens on its channel, it goes out.
+    env.bind_dispatched("push").await;
+    let sent = digests(&env, 1).await;
+    assert_eq!(sent[0].body["digest"]["id"].as_str(), Some(stuck.as_str()));
+    assert_eq!(sent[0].ids(), ["m-1"]);
+    env.stop_worker().await;
+    assert!(held(&env).await.is_empty());
+}
+
+/// Redis fails every dispatch mark of the digests to `gone-` recipients (the
+/// `fail-after-decision` failpoint) after the broker confirmed the publish: the digest is not
+/// published again for it, and its items are gone.
+#[tokio::test]
+async fn a_digest_whose_dispatch_mark_fails_after_its_publish_is_not_sent_again() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let now = local("UTC", "2026-02-03 09:00");
+    let id = digest::digest_id("daily", "gone-gail", "", 1);
+    hold(&env, &request("g-1", "gone-gail", "UTC"), Some(&id), now).await;
+    env.start_worker_with(&ManualClock::new(now), Some(Failpoint::FailAfterDecision));
+    let sent = digests(&env, 1).await;
+    assert_eq!(sent[0].ids(), ["g-1"]);
+    assert!(held(&env).await.is_empty());
+    env.stop_worker().await;
+    assert!(dispatched(&env).await.1.is_empty(), "sent once");
+}
+
+/// A worker stalls publishing a digest (the `slow-ids` failpoint holds the publish of digests
+/// to `slow-` recipients) and its Postgres sessions are cut meanwhile, as a network partition
+/// would: a second worker flushing all along does not send the digest too.
+#[tokio::test]
+async fn a_digest_being_sent_is_left_alone_when_its_workers_postgres_session_is_lost() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let now = local("UTC", "2026-02-03 09:00");
+    let id = digest::digest_id("daily", "slow-sam", "", 1);
+    hold(&env, &request("s-1", "slow-sam", "UTC"), Some(&id), now).await;
+    let started = Instant::now();
+    let clock = ManualClock::new(now);
+    env.start_worker_with(&clock, Some(Failpoint::SlowIds));
+    // The first worker has leased the digest and stalls before its publish.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let cut: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .expect("cut the worker's sessions");
+    assert!(!cut.is_empty(), "the worker had sessions");
+    let second = SecondWorker::start(&env, &clock);
+    let sent = digests(&env, 1).await;
+    assert_eq!(sent[0].ids(), ["s-1"]);
+    // Past the first worker's stall: had the second sent it, the first sends it again then.
+    let past = started + SLOW_IDS_HOLD + Duration::from_secs(2);
+    tokio::time::sleep_until(past.into()).await;
+    assert!(dispatched(&env).await.1.is_empty(), "sent once");
+    second.stop().await;
+    env.stop_worker().await;
+    assert!(held(&env).await.is_empty());
+}
+
+/// The limiter admits a digest, then Postgres fails before its items are bound to it (the
+/// `fail-after-decision` failpoint, for `gone-` recipients, every time), and that worker stops.
+/// By the time another worker flushes, the group's oldest item is past its deadline: the
+/// digest is still the one admitted (named by that item), so it is sent without a second send
+/// (the day has one), carrying the live item.
+#[tokio::test]
+async fn a_digest_admitted_before_its_items_were_bound_is_sent_once_its_oldest_item_expired() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let mut soon = request("g-1", "gone-gus", "UTC");
+    soon["expires_at"] = "2026-02-03T09:30:00Z".into();
+    let held_at = local("UTC", "2026-02-02 12:00");
+    hold(&env, &soon, None, held_at).await;
+    hold(&env, &request("g-2", "gone-gus", "UTC"), None, held_at).await;
+    let clock = ManualClock::new(local("UTC", "2026-02-03 09:00"));
+    env.start_worker_with(&clock, Some(Failpoint::FailAfterDecision));
+    let admitted = digest::digest_id("daily", "gone-gus", "", 1);
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    while !admitted_by_limiter(&env, &admitted).await {
+        assert!(Instant::now() < deadline, "the limiter admitted {admitted}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.stop_worker().await;
+    assert_eq!(held(&env).await, ["g-1", "g-2"]);
+
+    clock.set(local("UTC", "2026-02-03 10:00"));
+    env.start_worker(&clock);
+    let sent = digests(&env, 1).await;
+    assert_eq!(
+        sent[0].body["digest"]["id"].as_str(),
+        Some(admitted.as_str())
+    );
+    assert_eq!(
+        (sent[0].count.as_str(), sent[0].ids()),
+        ("1", vec!["g-2".into()])
+    );
+    env.stop_worker().await;
+    let rows = env.denials().await;
+    let expired: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|d| (d.message_id.as_str(), d.reason.as_str()))
+        .collect();
+    assert_eq!(expired, [("g-1", "expired")]);
+}
+
+/// Whether some sorted set of the test's namespace holds `member` (a rule's count of ids).
+async fn admitted_by_limiter(env: &TestEnv, member: &str) -> bool {
+    let mut conn = env.redis.clone();
+    for key in env.keys().await {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("type");
+        if kind == "zset"
+            && support::zset_members(&mut conn, &key)
+                .await
+                .iter()
+                .any(|m| m == member)
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// A group the rules refused is left until they have room: a message held meanwhile does not
+/// bring it back sooner (it waits with the others, its `flush_after` untouched), and goes out
+/// with them once there is room.
+#[tokio::test]
+async fn a_message_held_after_its_group_was_refused_waits_with_the_group() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    env.publish(&request("h-0", "hana", "UTC")).await;
+    publish_copies(&env, &request("h-1", "hana", "UTC")).await;
+    held_are(&env, &["h-1"]).await;
+    let refused = || async {
+        sqlx::query_scalar::<_, Option<DateTime<Utc>>>(
+            "SELECT flush_after FROM digest_items ORDER BY message_id",
+        )
+        .fetch_all(&env.pool)
+        .await
+        .expect("read flush_after")
+    };
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    while refused().await != [Some(local("UTC", "2026-02-03 00:00"))] {
+        assert!(
+            Instant::now() < deadline,
+            "the flusher looked at hana's group"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    publish_copies(&env, &request("h-2", "hana", "UTC")).await;
+    held_are(&env, &["h-1", "h-2"]).await;
+    // Ten flushes and more: none takes the group up again today.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        refused().await,
+        [Some(local("UTC", "2026-02-03 00:00")), None]
+    );
+    assert_eq!(dispatched(&env).await.0, ["h-0"]);
+    clock.set(local("UTC", "2026-02-03 09:00"));
+    let sent = digests(&env, 1).await;
+    assert_eq!(sent[0].ids(), ["h-1", "h-2"]);
+    env.stop_worker().await;
 }

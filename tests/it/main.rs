@@ -13,6 +13,7 @@ mod calendar_quota_model;
 mod cli;
 mod cluster;
 mod config_fixtures;
+mod console;
 mod deadlines;
 mod delivery_guarantees;
 mod denial_history;

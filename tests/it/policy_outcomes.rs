@@ -247,21 +247,14 @@ async fn retry_after_skips_a_quiet_period_that_begins_when_the_refusal_ends() {
 #[tokio::test]
 async fn check_the_admin_check_and_the_worker_give_the_same_retry_after_past_quiet_hours() {
     const ZONE: &str = "Europe/Paris";
-    const TOKEN: &str = "test-token-0123456789abcdef";
+    const TOKEN: &str = support::ADMIN_TOKEN;
     let config = format!(
         "{HEADLINE}\n[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
          end = \"08:00\"\non_deny = \"delay\"\n"
     );
     let mut env = TestEnv::with_config(&config).await;
-    let port = support::private::free_port();
-    env.settings.admin.listen = format!("127.0.0.1:{port}");
-    env.settings.admin.tokens = vec![sendquota::config::AdminToken {
-        name: "ops".to_owned(),
-        token: TOKEN.to_owned(),
-    }];
     let clock = ManualClock::new(local(ZONE, "2026-04-01 09:00"));
-    env.start_worker(&clock);
-    support::http::wait_until_ready(port).await;
+    let port = env.start_admin_worker(&clock).await;
     let mut seen = HashMap::new();
     env.publish(&request("n1", "nina", ZONE)).await;
     assert!(env.outcome("n1", &mut seen).await);

@@ -1,7 +1,9 @@
 //! A rule's `on_unavailable` through the real worker, on a private Redis that is stopped and
 //! started again: with `allow` a message Redis cannot decide is dispatched unchecked, recorded
 //! once as a row marked unchecked and counted; with `wait` (the default), alone or beside an
-//! `allow` rule, it is kept until Redis is back and then decided as always.
+//! `allow` rule, it is kept until Redis is back and then decided as always. A message Redis
+//! refused before going away, or whose unchecked publish failed, is never recorded as
+//! dispatched unchecked: it is decided in Redis once it is back.
 
 use crate::support;
 
@@ -9,6 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
+use sendquota::failpoint::Failpoint;
 use sendquota::internals::denials::{DenialFilter, DenialStore};
 use sendquota::internals::telemetry;
 use support::http::{http, wait_until_ready};
@@ -244,4 +247,83 @@ async fn check_says_whether_a_message_would_go_out_unchecked() {
             "no rule asks for it: {waits}"
         );
     }
+}
+
+/// Redis refuses a message and then goes away before the refusal is settled (the
+/// `fail-after-decision` failpoint fails the step after every refusal of a `gone-` recipient's
+/// message): Redis decided it, so it is not let out unchecked, whatever `on_unavailable` says.
+/// It waits, and once the cause is gone (a worker without the failpoint) it is denied as Redis
+/// said, a row a replay can take.
+#[tokio::test]
+async fn a_message_redis_refused_before_going_away_is_never_let_out_unchecked() {
+    let mut env = TestEnv::with_config(ALLOW).await;
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker_with(&clock, Some(Failpoint::FailAfterDecision));
+    let mut seen = HashMap::new();
+    env.publish(&message("first", "gone-gwen")).await;
+    assert!(env.outcome("first", &mut seen).await, "gwen's first today");
+    for _copy in 0..2 {
+        env.publish(&message("second", "gone-gwen")).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.take_dispatched().await, Vec::<String>::new());
+    assert_eq!(env.denial_rows().await, 0, "no unchecked row");
+    env.stop_worker().await;
+
+    env.start_worker(&clock);
+    assert!(!env.outcome("second", &mut seen).await, "denied");
+    env.copies_decided().await;
+    env.stop_worker().await;
+    let rows = env.denials().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].message_id.as_str(), rows[0].unchecked),
+        ("second", false)
+    );
+    assert!(env.take_dispatched().await.is_empty());
+}
+
+/// While Redis is away, a message that fails open meets a dispatch exchange no sender queue is
+/// bound to, so its publish fails: no row says it went out unchecked. Once Redis is back, it is
+/// decided there and denied (the recipient's day is full), and that denial is recorded, for a
+/// replay to take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchecked_dispatch_that_is_not_published_leaves_no_row_in_the_denials_way() {
+    let (mut env, redis, port) = worker_on_private_redis(ALLOW).await;
+    let mut seen = HashMap::new();
+    env.publish(&message("before", "alice")).await;
+    assert!(env.outcome("before", &mut seen).await, "decided in Redis");
+    env.unbind_dispatched().await;
+    tokio::task::block_in_place(|| redis.stop());
+    env.publish(&message("late", "alice")).await;
+    let unchecked = format!(
+        "{}{{outcome=\"unchecked\",channel=\"{CHANNEL}\",category=\"other\"}}",
+        telemetry::DECISIONS
+    );
+    // Attempts go on, each failing its publish.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(metric(port, &unchecked).await, 0);
+    assert_eq!(
+        env.denial_rows().await,
+        0,
+        "no row for a publish that failed"
+    );
+
+    tokio::task::block_in_place(|| redis.start_again());
+    wait_until_ready(port).await;
+    assert!(!env.outcome("late", &mut seen).await, "alice's day is full");
+    env.bind_dispatched("#").await;
+    env.stop_worker().await;
+    let rows = env.denials().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].message_id.as_str(), rows[0].unchecked),
+        ("late", false)
+    );
+    let replayable = DenialStore::from_pool(env.pool.clone())
+        .replayable(&DenialFilter::default(), 100)
+        .await
+        .expect("replayable denials");
+    assert_eq!(replayable.len(), 1);
+    assert!(env.take_dispatched().await.is_empty());
 }

@@ -3,6 +3,7 @@
 //! even when it fails. A service that does not answer fails the test with the command that
 //! starts it.
 
+pub mod browser;
 pub mod http;
 pub mod model;
 pub mod private;
@@ -36,11 +37,17 @@ use tokio::sync::oneshot;
 pub const START_HINT: &str = "start them with `deploy/local/services.sh` (the test command \
                               `deploy/local/test.sh` does this itself)";
 
-/// Longest wait for a message's outcome.
+/// The admin token [`TestEnv::start_admin_worker`] accepts.
+pub const ADMIN_TOKEN: &str = "test-token-0123456789abcdef";
+
+/// The name of [`ADMIN_TOKEN`]: what audit rows record.
+pub const ADMIN_TOKEN_NAME: &str = "ops-alice";
+
 /// Why a test that arms a failpoint cannot run in this build.
 pub const NEEDS_FAILPOINTS: &str =
     "this test arms a failpoint: build with --features failpoints (deploy/local/test.sh does)";
 
+/// Longest wait for a message's outcome.
 pub const OUTCOME_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn redis_url() -> String {
@@ -285,6 +292,20 @@ impl TestEnv {
             .expect("worker runs");
         }));
         self.worker_stop = Some(stop);
+    }
+
+    /// Starts the worker with `clock` and its admin API on a free port, accepting
+    /// [`ADMIN_TOKEN`] (named [`ADMIN_TOKEN_NAME`]); returns the port once the API is ready.
+    pub async fn start_admin_worker(&mut self, clock: &ManualClock) -> u16 {
+        let port = private::free_port();
+        self.settings.admin.listen = format!("127.0.0.1:{port}");
+        self.settings.admin.tokens = vec![sendquota::config::AdminToken {
+            name: ADMIN_TOKEN_NAME.to_owned(),
+            token: ADMIN_TOKEN.to_owned(),
+        }];
+        self.start_worker(clock);
+        http::wait_until_ready(port).await;
+        port
     }
 
     /// Stops the in-process worker and waits for it to drain.
