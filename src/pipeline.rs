@@ -223,6 +223,7 @@ impl Pipeline {
         for v in verdicts {
             rules.metrics.verdict(&v.rule, v.allowed);
         }
+        self.rollup.verdicts(now, verdicts);
         let deadline = receipt.deadline_after(message, &rules.policy, verdicts);
         let outcome = evaluation.outcome(&rules.policy, message, receipt);
         span.decided(

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::clock::Clock;
+use crate::decision::Verdict;
 use crate::outcome::{Handled, OutcomeName};
 
 /// How often the counters are written: a second keeps the charts current while a busy worker
@@ -46,12 +47,17 @@ struct Counts {
 /// counting a decision allocates only the first time a minute sees its rule.
 type ByRule = HashMap<String, Counts>;
 
+/// Rules by name, within one minute: how many verdicts each gave, allowed and refused.
+type VerdictsByRule = HashMap<String, (i64, i64)>;
+
 /// Counters of settled decisions not written yet; shared by every delivery's task.
 #[derive(Debug, Default)]
 pub struct DecisionCounts {
     /// (minute since the epoch, outcome index) -> rule -> counts. A std Mutex: it is held for
     /// a hash lookup, never across an await.
     pending: Mutex<HashMap<(i64, usize), ByRule>>,
+    /// Minute since the epoch -> rule -> (allowed, refused): table `rule_verdicts`.
+    verdicts: Mutex<HashMap<i64, VerdictsByRule>>,
 }
 
 impl DecisionCounts {
@@ -67,6 +73,45 @@ impl DecisionCounts {
                 for rule in rest {
                     bump(by_rule, rule, 0, 1);
                 }
+            }
+        }
+    }
+
+    /// Counts the verdicts of one decision made at `at`, one per rule that checked the
+    /// message: each rule's allowed and refused counts on the rules page (a shadow rule's
+    /// refusals among them). Counted per decision made, as `sendquota_rule_verdicts_total` is.
+    pub fn verdicts(&self, at: DateTime<Utc>, verdicts: &[Verdict]) {
+        let minute = at.timestamp().div_euclid(60);
+        let mut pending = self.verdicts.lock().unwrap_or_else(|p| p.into_inner());
+        let by_rule = pending.entry(minute).or_default();
+        for v in verdicts {
+            let (allowed, refused) = (i64::from(v.allowed), i64::from(!v.allowed));
+            match by_rule.get_mut(v.rule.as_str()) {
+                Some(c) => {
+                    c.0 += allowed;
+                    c.1 += refused;
+                }
+                None => {
+                    by_rule.insert(v.rule.clone(), (allowed, refused));
+                }
+            }
+        }
+    }
+
+    /// Takes every verdict counter, leaving none.
+    fn take_verdicts(&self) -> HashMap<i64, VerdictsByRule> {
+        std::mem::take(&mut *self.verdicts.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Puts verdict counters back (a write failed), added to those counted meanwhile.
+    fn restore_verdicts(&self, taken: HashMap<i64, VerdictsByRule>) {
+        let mut pending = self.verdicts.lock().unwrap_or_else(|p| p.into_inner());
+        for (minute, rules) in taken {
+            let by_rule = pending.entry(minute).or_default();
+            for (rule, (allowed, refused)) in rules {
+                let c = by_rule.entry(rule).or_default();
+                c.0 += allowed;
+                c.1 += refused;
             }
         }
     }
@@ -161,6 +206,52 @@ impl RollupWriter {
     /// Adds what was counted since the last flush to Postgres in one statement; on failure the
     /// counters are kept for the next one.
     pub async fn flush(&self) -> Result<(), RollupError> {
+        let decisions = self.flush_decisions().await;
+        let verdicts = self.flush_verdicts().await;
+        decisions.and(verdicts)
+    }
+
+    /// Adds the verdict counters to `rule_verdicts` in one statement; kept on failure.
+    async fn flush_verdicts(&self) -> Result<(), RollupError> {
+        let taken = self.counts.take_verdicts();
+        if taken.is_empty() {
+            return Ok(());
+        }
+        // Sorted, as the decisions are: no deadlock between workers.
+        let mut rows: Vec<(i64, &str, (i64, i64))> = taken
+            .iter()
+            .flat_map(|(&minute, rules)| rules.iter().map(move |(r, c)| (minute, r.as_str(), *c)))
+            .collect();
+        rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let minutes: Vec<DateTime<Utc>> = rows
+            .iter()
+            .map(|r| DateTime::from_timestamp(r.0 * 60, 0).unwrap_or_default())
+            .collect();
+        let rules: Vec<&str> = rows.iter().map(|r| r.1).collect();
+        let allowed: Vec<i64> = rows.iter().map(|r| r.2 .0).collect();
+        let refused: Vec<i64> = rows.iter().map(|r| r.2 .1).collect();
+        let written = sqlx::query(
+            "INSERT INTO rule_verdicts (minute, rule, allowed, refused) \
+             SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::bigint[], $4::bigint[]) \
+             ON CONFLICT (minute, rule) DO UPDATE SET \
+             allowed = rule_verdicts.allowed + excluded.allowed, \
+             refused = rule_verdicts.refused + excluded.refused",
+        )
+        .bind(minutes)
+        .bind(rules)
+        .bind(allowed)
+        .bind(refused)
+        .execute(&self.pool)
+        .await;
+        if let Err(e) = written {
+            self.counts.restore_verdicts(taken);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Adds the decision counters to `decision_rollup` in one statement; kept on failure.
+    async fn flush_decisions(&self) -> Result<(), RollupError> {
         let taken = self.counts.take();
         if taken.is_empty() {
             return Ok(());
@@ -210,10 +301,13 @@ impl RollupWriter {
 
     /// Deletes rows older than [`RETENTION`].
     async fn prune(&self) -> Result<(), RollupError> {
-        sqlx::query("DELETE FROM decision_rollup WHERE minute < $1")
-            .bind(self.clock.now() - RETENTION)
-            .execute(&self.pool)
-            .await?;
+        for table in ["decision_rollup", "rule_verdicts"] {
+            let sql = format!("DELETE FROM {table} WHERE minute < $1");
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(self.clock.now() - RETENTION)
+                .execute(&self.pool)
+                .await?;
+        }
         Ok(())
     }
 }
@@ -278,6 +372,20 @@ pub async fn rule_counts(
     Ok(sqlx::query_as(
         "SELECT rule, outcome, sum(verdicts)::bigint AS verdicts FROM decision_rollup \
          WHERE minute >= $1 AND rule <> '' GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(since)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Every rule's verdicts since `since`: (rule, allowed, refused), by rule name.
+pub async fn rule_verdicts(
+    pool: &PgPool,
+    since: DateTime<Utc>,
+) -> Result<Vec<(String, i64, i64)>, RollupError> {
+    Ok(sqlx::query_as(
+        "SELECT rule, sum(allowed)::bigint, sum(refused)::bigint FROM rule_verdicts \
+         WHERE minute >= $1 GROUP BY 1 ORDER BY 1",
     )
     .bind(since)
     .fetch_all(pool)

@@ -1,5 +1,6 @@
-//! The running policy, and per rule what it did over the last 7 days: its verdict counts by
-//! outcome and its shadow refusals, from the decision rollup.
+//! The running policy, and per rule what it did over the last 7 days: its verdicts (allowed,
+//! refused), the decisions it took part in by outcome and its shadow refusals, from the
+//! decision rollup and the rule verdict counts.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +14,11 @@ use super::{render, ConsoleError, Layout, Session};
 use crate::admin::AdminState;
 use crate::outcome::OutcomeName;
 
-/// The outcomes a rule can make, as the table's columns.
+/// The rule's own verdicts, the table's first columns: of the decisions that checked it, how
+/// many it allowed and refused (a shadow rule's refusals among them).
+const VERDICT_COLUMNS: [&str; 2] = ["allowed", "refused"];
+
+/// The outcomes a rule can make, as the table's next columns.
 const COLUMNS: [OutcomeName; 6] = [
     OutcomeName::Deny,
     OutcomeName::Delay,
@@ -56,12 +61,22 @@ pub async fn page(
         Ok(c) => c,
         Err(e) => return ConsoleError::Service(e.to_string()).into_response(),
     };
+    let verdicts = match crate::rollup::rule_verdicts(state.denials.pool(), since).await {
+        Ok(v) => v,
+        Err(e) => return ConsoleError::Service(e.to_string()).into_response(),
+    };
+    // Per rule: its verdicts allowed and refused, then the decisions it took part in by outcome.
+    let width = VERDICT_COLUMNS.len() + COLUMNS.len();
     let mut by_rule: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (rule, allowed, refused) in verdicts {
+        let counts = by_rule.entry(rule).or_insert_with(|| vec![0; width]);
+        counts[0] += allowed;
+        counts[1] += refused;
+    }
     for c in counted {
         if let Some(col) = COLUMNS.iter().position(|o| o.as_str() == c.outcome) {
-            by_rule
-                .entry(c.rule)
-                .or_insert_with(|| vec![0; COLUMNS.len()])[col] += c.verdicts;
+            by_rule.entry(c.rule).or_insert_with(|| vec![0; width])[VERDICT_COLUMNS.len() + col] +=
+                c.verdicts;
         }
     }
     let running = state.reloader.rules().current();
@@ -89,16 +104,17 @@ pub async fn page(
                 list(&r.matcher.channels),
                 list(&r.matcher.categories)
             ),
-            counts: by_rule
-                .remove(&r.name)
-                .unwrap_or_else(|| vec![0; COLUMNS.len()]),
+            counts: by_rule.remove(&r.name).unwrap_or_else(|| vec![0; width]),
         })
         .collect();
     render(&Page {
         layout: Layout::new(&session, "Rules", "rules"),
         hash: running.hash.clone(),
         toml: crate::reload::policy_toml(&running.policy),
-        columns: COLUMNS.iter().map(|o| o.as_str()).collect(),
+        columns: VERDICT_COLUMNS
+            .into_iter()
+            .chain(COLUMNS.iter().map(|o| o.as_str()))
+            .collect(),
         rules,
         gone: by_rule.into_iter().collect(),
     })

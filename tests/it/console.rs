@@ -343,6 +343,9 @@ async fn an_operator_looks_filters_resets_and_replays_in_the_browser() {
         )
     };
     assert!(browser.eval::<i64>(&cell("headline", "deny")).await >= denied);
+    assert!(browser.eval::<i64>(&cell("headline", "refused")).await >= denied);
+    assert!(browser.eval::<i64>(&cell("headline", "allowed")).await > 0);
+    assert!(browser.eval::<i64>(&cell("burst", "refused")).await > 0);
     assert!(browser.eval::<i64>(&cell("burst", "shadow")).await > 0);
     assert!(browser.text().await.contains("name = \"burst\""));
     browser.screenshot("rules").await;
