@@ -151,6 +151,11 @@ fn bump(by_rule: &mut ByRule, rule: &str, decisions: i64, verdicts: i64) {
     }
 }
 
+/// The first instant of `minute` (minutes since the epoch), as the rows are keyed.
+fn minute_start(minute: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(minute * 60, 0).unwrap_or_default()
+}
+
 /// Failures reading or writing the rollup.
 #[derive(Debug, thiserror::Error)]
 pub enum RollupError {
@@ -223,10 +228,7 @@ impl RollupWriter {
             .flat_map(|(&minute, rules)| rules.iter().map(move |(r, c)| (minute, r.as_str(), *c)))
             .collect();
         rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        let minutes: Vec<DateTime<Utc>> = rows
-            .iter()
-            .map(|r| DateTime::from_timestamp(r.0 * 60, 0).unwrap_or_default())
-            .collect();
+        let minutes: Vec<DateTime<Utc>> = rows.iter().map(|r| minute_start(r.0)).collect();
         let rules: Vec<&str> = rows.iter().map(|r| r.1).collect();
         let allowed: Vec<i64> = rows.iter().map(|r| r.2 .0).collect();
         let refused: Vec<i64> = rows.iter().map(|r| r.2 .1).collect();
@@ -266,10 +268,7 @@ impl RollupWriter {
             })
             .collect();
         rows.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
-        let minutes: Vec<DateTime<Utc>> = rows
-            .iter()
-            .map(|r| DateTime::from_timestamp(r.0 * 60, 0).unwrap_or_default())
-            .collect();
+        let minutes: Vec<DateTime<Utc>> = rows.iter().map(|r| minute_start(r.0)).collect();
         let outcomes: Vec<&str> = rows
             .iter()
             .map(|r| OutcomeName::ALL[r.1].as_str())

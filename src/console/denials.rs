@@ -3,14 +3,14 @@
 //! recipient's zone.
 
 use askama::Template;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use chrono::Utc;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use super::{local, render, utc, ConsoleError, Layout, Session};
+use super::{local, render, utc, ConsoleError, Layout, Params, Session};
 use crate::admin::{AdminState, DenialQuery};
 use crate::denials::Denial;
 
@@ -210,12 +210,8 @@ struct List {
 pub async fn list(
     State(state): State<AdminState>,
     Extension(session): Extension<Session>,
-    query: Result<Query<Filters>, axum::extract::rejection::QueryRejection>,
+    Params(filters): Params<Filters>,
 ) -> Response {
-    let filters = match query {
-        Ok(Query(f)) => f,
-        Err(e) => return ConsoleError::Input(e.body_text()).into_response(),
-    };
     let filter = match filters
         .query()
         .and_then(|q| q.filter(Utc::now()).map_err(ConsoleError::Input))

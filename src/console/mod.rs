@@ -37,6 +37,28 @@ use crate::config::AmqpSettings;
 
 pub use session::{Session, Sessions, SESSION_TTL};
 
+/// A page's query string read as `T`; a query that does not read is refused as the console
+/// refuses any bad input (a page saying what was wrong), not with axum's plain-text rejection.
+pub struct Params<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for Params<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ConsoleError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(t)) => Ok(Params(t)),
+            Err(e) => Err(ConsoleError::Input(e.body_text())),
+        }
+    }
+}
+
 /// What the console keeps beside the API's state.
 pub struct Console {
     /// Logged-in operators.

@@ -3,12 +3,12 @@
 //! token name (the same code as `sendquota quarantine list|replay`).
 
 use askama::Template;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Form};
 use serde::Deserialize;
 
-use super::{render, ConsoleError, Layout, Session, BROKER_ROLE};
+use super::{render, ConsoleError, Layout, Params, Session, BROKER_ROLE};
 use crate::admin::AdminState;
 use crate::quarantine::{self, Quarantined, Which};
 
@@ -88,12 +88,8 @@ struct Confirm {
 /// `GET /ui/quarantine/replay?message_id=` or `?all=1`.
 pub async fn confirm_replay(
     Extension(session): Extension<Session>,
-    query: Result<Query<ReplayForm>, axum::extract::rejection::QueryRejection>,
+    Params(form): Params<ReplayForm>,
 ) -> Response {
-    let form = match query {
-        Ok(Query(f)) => f,
-        Err(e) => return ConsoleError::Input(e.body_text()).into_response(),
-    };
     let message_id = match form.which() {
         Ok(Which::One { message_id }) => message_id,
         Ok(Which::All { .. }) => String::new(),

@@ -3,14 +3,14 @@
 //! (the same code: [`crate::admin::reset_recipient`]).
 
 use askama::Template;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Form};
 use chrono_tz::Tz;
 use serde::Deserialize;
 
 use super::denials::Row;
-use super::{local, render, utc, ConsoleError, Layout, Session};
+use super::{local, render, utc, ConsoleError, Layout, Params, Session};
 use crate::admin::{AdminState, PeekQuery};
 use crate::denials::DenialFilter;
 use crate::limiter::Limiter;
@@ -55,12 +55,8 @@ struct Page {
 pub async fn page(
     State(state): State<AdminState>,
     Extension(session): Extension<Session>,
-    query: Result<Query<Which>, axum::extract::rejection::QueryRejection>,
+    Params(which): Params<Which>,
 ) -> Response {
-    let which = match query {
-        Ok(Query(w)) => w,
-        Err(e) => return ConsoleError::Input(e.body_text()).into_response(),
-    };
     let layout = Layout::new(&session, "Recipient", "recipient");
     let id = which.id.trim().to_owned();
     let timezone = which.timezone.trim().to_owned();
@@ -146,13 +142,12 @@ struct Confirm {
 pub async fn confirm_reset(
     State(state): State<AdminState>,
     Extension(session): Extension<Session>,
-    query: Result<Query<Which>, axum::extract::rejection::QueryRejection>,
+    Params(which): Params<Which>,
 ) -> Response {
-    let id = match query {
-        Ok(Query(w)) if !w.id.trim().is_empty() => w.id.trim().to_owned(),
-        Ok(_) => return ConsoleError::Input("which recipient?".to_owned()).into_response(),
-        Err(e) => return ConsoleError::Input(e.body_text()).into_response(),
-    };
+    let id = which.id.trim().to_owned();
+    if id.is_empty() {
+        return ConsoleError::Input("which recipient?".to_owned()).into_response();
+    }
     let rules = Limiter::reset_rules(&state.reloader.rules().current().policy);
     render(&Confirm {
         layout: Layout::new(&session, "Reset a quota", "recipient"),

@@ -116,14 +116,20 @@ impl Chromium {
         .await;
     }
 
-    /// Clicks the element `selector` names and waits for the page it leads to: until the
-    /// document the click left (marked before it) is gone and the new one has loaded.
-    pub async fn click_through(&self, selector: &str) {
-        self.mark_leaving().await;
+    /// The element `selector` names; the test fails when there is none.
+    async fn element(&self, selector: &str) -> chromiumoxide::Element {
         self.page
             .find_element(selector)
             .await
             .unwrap_or_else(|e| panic!("find {selector}: {e}"))
+    }
+
+    /// Clicks the element `selector` names and waits for the page it leads to: until the
+    /// document the click left (marked before it) is gone and the new one has loaded.
+    pub async fn click_through(&self, selector: &str) {
+        self.mark_leaving().await;
+        self.element(selector)
+            .await
             .click()
             .await
             .unwrap_or_else(|e| panic!("click {selector}: {e}"));
@@ -132,10 +138,8 @@ impl Chromium {
 
     /// Types `text` into the field `selector` names (after what it holds).
     pub async fn type_into(&self, selector: &str, text: &str) {
-        self.page
-            .find_element(selector)
+        self.element(selector)
             .await
-            .unwrap_or_else(|e| panic!("find {selector}: {e}"))
             .click()
             .await
             .unwrap_or_else(|e| panic!("focus {selector}: {e}"))
