@@ -27,6 +27,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::watch;
 
 use crate::config::{AmqpSettings, QueueType};
+use crate::confirms::InFlight;
 
 /// Header naming why a message was sent to the invalid queue.
 pub const REASON_HEADER: &str = "x-sendquota-reason";
@@ -389,6 +390,8 @@ pub struct Publisher {
     /// fail at once instead of at their timeout (lapin may leave a confirm of a channel the
     /// broker closed unanswered), so their deliveries are given up and their claims released.
     ended: Arc<watch::Sender<bool>>,
+    /// The task that polls this channel's publishes until they are confirmed.
+    in_flight: InFlight,
     /// The topology this publisher declares again when a publish to it comes back unroutable;
     /// `None` for a publisher that leaves the topology alone.
     healer: Option<Arc<Healer>>,
@@ -429,10 +432,13 @@ impl Publisher {
             channel.confirm_select(ConfirmSelectOptions::default()),
         )
         .await?;
+        let ended = watch::channel(false).0;
+        let in_flight = InFlight::spawn(ended.subscribe());
         Ok(Publisher {
             channel,
             blocked,
-            ended: Arc::new(watch::channel(false).0),
+            ended: Arc::new(ended),
+            in_flight,
             healer: None,
         })
     }
@@ -511,24 +517,24 @@ impl Publisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let publish = self.channel.basic_publish(
-            short(exchange)?,
-            short(routing_key)?,
-            options,
-            body,
-            properties.with_delivery_mode(2),
-        );
-        let mut ended = self.ended.subscribe();
+        let (exchange_name, key) = (short(exchange)?, short(routing_key)?);
+        let (channel, body) = (self.channel.clone(), body.to_vec());
+        let properties = properties.with_delivery_mode(2);
+        let publish = Box::pin(async move {
+            channel
+                .basic_publish(exchange_name, key, options, &body, properties)
+                .await?
+                .await
+        });
+        let outcome = self.in_flight.publish(publish);
         let confirmed = async {
-            let confirm = within("publish", &self.blocked, publish).await?;
-            within("publish confirm", &self.blocked, confirm).await
-        };
-        let confirmation = tokio::select! {
-            confirmed = confirmed => confirmed?,
-            _ = ended.wait_for(|ended| *ended) => {
-                return Err(BrokerError::ChannelClosed("publishing"));
+            match outcome.await {
+                Ok(confirmation) => Ok(confirmation?),
+                // The session ended before the broker answered.
+                Err(_) => Err(BrokerError::ChannelClosed("publishing")),
             }
         };
+        let confirmation = within("publish", &self.blocked, confirmed).await?;
         match confirmation {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
             Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable {

@@ -342,14 +342,19 @@ pub fn start(cli: Cli) -> Result<(), CliError> {
         .block_on(run(cli, settings))
 }
 
-/// A multi-threaded tokio runtime with `threads` worker threads (0 = one per CPU, or as
-/// `TOKIO_WORKER_THREADS` says). Also used by the perf bench, so that what it measures beside
-/// the worker runs on the same shape of runtime.
+/// The tokio runtime for `threads`: the current-thread runtime for 1 (the worker's default;
+/// docs/decisions.md says why not a multi-thread runtime of one worker), else a multi-thread
+/// runtime with `threads` worker threads (0 = one per CPU, or as `TOKIO_WORKER_THREADS` says).
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if threads > 0 {
-        builder.worker_threads(threads);
-    }
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if threads > 0 {
+            builder.worker_threads(threads);
+        }
+        builder
+    };
     builder.enable_all().build()
 }
 

@@ -271,10 +271,11 @@ pub struct DatabaseSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerSettings {
-    /// Runtime threads the worker runs on; 0 = one per CPU. One is the default: a thread
-    /// decides tens of thousands of messages a second, more than one consumer receives, and a
-    /// second thread only adds wake-ups between threads, which cost CPU per message and buy no
-    /// throughput (docs/performance.md). More throughput comes from more workers.
+    /// Runtime threads the worker runs on; 0 = one per CPU. One is the default, and means
+    /// tokio's current-thread runtime: a thread decides tens of thousands of messages a
+    /// second, more than one consumer receives, and a second thread only adds wake-ups between
+    /// threads, which cost CPU per message and buy no throughput (docs/performance.md). More
+    /// throughput comes from more workers.
     pub threads: usize,
     /// Messages decided at the same time.
     pub concurrency: usize,

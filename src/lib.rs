@@ -27,7 +27,8 @@
 //!
 //! Around it: `startup` builds the application and runs it until stopped; `config` (TOML and
 //! environment), `clock` (injectable time), `store` (the Redis connection, single or cluster),
-//! `tls` (certificate files and the process's one rustls crypto provider), `admin` (the admin
+//! `tls` (certificate files and the process's one rustls crypto provider), `confirms` (a
+//! publisher's publishes polled on one task until confirmed), `admin` (the admin
 //! HTTP API), `console` (the operator console in the browser, under `/ui` on the admin server),
 //! `rollup` (per-minute decision counts in Postgres, for the console's charts), `reload` (the running rules, swapped whole on SIGHUP or the API, and audited),
 //! `replay` and `quarantine` (the operators' commands on denied and quarantined
@@ -51,6 +52,7 @@ mod admin;
 mod attributes;
 mod broker;
 mod claim;
+mod confirms;
 mod console;
 mod deadline;
 mod decision;

@@ -26,6 +26,8 @@ pub struct Args {
     pub relay_shapes: usize,
     /// `--decision-phases-only 1`: the warm-up, (a1) and (b) only, no broker, no worker.
     pub decision_phases_only: usize,
+    /// `--latency-rate N`: (g) alone, at N msgs/s (instead of half of (c)'s rate).
+    pub latency_rate: usize,
 }
 
 /// The flags, normalised so that every phase divides into whole slices and rounds.
@@ -46,6 +48,7 @@ pub fn parse() -> Args {
         latency_seconds: 10,
         relay_shapes: 0,
         decision_phases_only: 0,
+        latency_rate: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -65,13 +68,15 @@ pub fn parse() -> Args {
             "--latency-seconds" => &mut out.latency_seconds,
             "--relay-shapes" => &mut out.relay_shapes,
             "--decision-phases-only" => &mut out.decision_phases_only,
+            "--latency-rate" => &mut out.latency_rate,
             "--bench" => continue,
             other => {
                 eprintln!(
                     "unknown argument {other}; flags: --decisions --concurrency --pipeline \
                      --in-flight --messages --recipients --small-recipients --pool-decisions \
                      --sample --hot-recipients --hot-decisions --worker-prefetch \
-                     --latency-seconds --relay-shapes --decision-phases-only (each takes a whole number)"
+                     --latency-seconds --relay-shapes --decision-phases-only --latency-rate (each takes a \
+                     whole number)"
                 );
                 std::process::exit(2)
             }

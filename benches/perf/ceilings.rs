@@ -124,7 +124,7 @@ pub async fn relay_run(
     let m = bodies.len();
     let phase = move |names, n| relay(shape, names, n);
     let (took, routed) =
-        broker_phase(env, bodies, procs, tally, "a2", 0, shape.threads, phase).await;
+        broker_phase(env, bodies, procs, tally, "a2", 0, shape.runtime, phase).await;
     assert!(
         routed >= m,
         "the relay lost messages: {routed} of {m} routed"

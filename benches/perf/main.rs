@@ -116,6 +116,14 @@ async fn main() {
         phases::end_to_end::compare_relay_shapes(&bench, args.relay_shapes).await;
         return;
     }
+    if args.latency_rate > 0 {
+        // (g) alone at this rate ((g) publishes at half the rate it is given), for tracing its
+        // hops (benches/latency/trace.sh).
+        phases::latency::run(&bench, &worker, 2.0 * args.latency_rate as f64, &mut report).await;
+        drop(bench);
+        report.print(&args, &worker, started.elapsed());
+        return;
+    }
     phases::decision::warm_up(&mut bench).await;
     // (a1) and (b).
     phases::decision::run(&mut bench, &mut report).await;

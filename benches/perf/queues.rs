@@ -120,6 +120,36 @@ pub async fn spawn_each<F>(
     }
 }
 
+/// Takes `n` deliveries from `consumer` and polls `each(delivery)` for each on this task,
+/// beside the consumer: no task per delivery, and every wake-up from lapin's I/O thread lands
+/// on one task. Returns once all `n` have finished, with progress under `label`.
+pub async fn poll_each<F>(
+    consumer: &mut lapin::Consumer,
+    n: usize,
+    label: &str,
+    mut each: impl FnMut(lapin::message::Delivery) -> F,
+) where
+    F: std::future::Future<Output = ()>,
+{
+    let mut running = futures_util::stream::FuturesUnordered::new();
+    let mut progress = Progress::new(label, n);
+    let (mut taken, mut done) = (0usize, 0usize);
+    while done < n {
+        tokio::select! {
+            biased;
+            Some(()) = running.next(), if !running.is_empty() => {
+                done += 1;
+                progress.add(1);
+            }
+            d = consumer.next(), if taken < n => {
+                let delivery = d.expect("consumer ended").expect("delivery");
+                taken += 1;
+                running.push(each(delivery));
+            }
+        }
+    }
+}
+
 /// A consuming and a publishing connection to the test broker, as the worker opens them.
 pub async fn connection_pair(role: &str) -> (lapin::Connection, lapin::Connection) {
     let settings = sendquota::config::AmqpSettings {
@@ -146,7 +176,7 @@ pub async fn broker_phase<F>(
     tally: &mut Tally,
     label: &str,
     published: usize,
-    threads: usize,
+    runtime: Runtime,
     phase: impl FnOnce(Names, usize) -> F,
 ) -> (Duration, usize)
 where
@@ -155,28 +185,69 @@ where
     let m = bodies.len();
     prepublish(env, bodies, &format!("{label} pre-publish")).await;
     let before = procs.snap(None).await;
-    let took = on_runtime(threads, phase(env.names.clone(), m))
+    let took = on_runtime(runtime, phase(env.names.clone(), m))
         .await
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     tally.add(before, procs.snap(None).await, m, published, took);
     (took, queued(env, &env.dispatched_queue).await)
 }
 
-/// The worker's default runtime threads (`worker.threads`): the floor runs on as many, so it
-/// pays for its threads what the worker pays for its own.
-pub fn worker_threads() -> usize {
-    sendquota::config::WorkerSettings::default().threads
+/// The runtime a broker phase runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    /// tokio's current-thread runtime: one thread polls every task (the worker's default).
+    CurrentThread,
+    /// tokio's multi-thread runtime with this many worker threads.
+    Workers(usize),
 }
 
-/// Runs `phase` as a task on a runtime of its own with `threads` worker threads, on a thread
-/// of its own, so a phase pays for its threads, not for this process's runtime.
-pub async fn on_runtime<F>(threads: usize, phase: F) -> Result<Duration, String>
+impl Runtime {
+    /// The runtime `sendquota::cli::runtime` builds for `threads`.
+    pub fn of(threads: usize) -> Runtime {
+        match threads {
+            1 => Runtime::CurrentThread,
+            n => Runtime::Workers(n),
+        }
+    }
+
+    /// The runtime in words, for the report.
+    pub fn describe(&self) -> String {
+        match self {
+            Runtime::CurrentThread => "current-thread runtime".to_owned(),
+            Runtime::Workers(1) => "multi-thread runtime of 1 worker thread".to_owned(),
+            Runtime::Workers(n) => format!("multi-thread runtime of {n} worker threads"),
+        }
+    }
+
+    fn build(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        match self {
+            Runtime::CurrentThread => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build(),
+            Runtime::Workers(n) => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(*n)
+                .enable_all()
+                .build(),
+        }
+    }
+}
+
+/// The worker's default runtime (`worker.threads`): the floor runs on the same, so it pays for
+/// its threads what the worker pays for its own.
+pub fn worker_runtime() -> Runtime {
+    Runtime::of(sendquota::config::WorkerSettings::default().threads)
+}
+
+/// Runs `phase` as a task on a runtime of its own, on a thread of its own, so a phase pays for
+/// its threads, not for this process's runtime.
+pub async fn on_runtime<F>(runtime: Runtime, phase: F) -> Result<Duration, String>
 where
     F: std::future::Future<Output = Duration> + Send + 'static,
 {
     let (done, finished) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let ran = sendquota::cli::runtime(threads)
+        let ran = runtime
+            .build()
             .map_err(|e| format!("runtime: {e}"))
             .and_then(|rt| {
                 rt.block_on(async move { tokio::spawn(phase).await })

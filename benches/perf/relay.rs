@@ -4,9 +4,10 @@
 //!
 //! Every shape consumes the requests queue with prefetch 1000 and republishes every delivery to
 //! the dispatch exchange (mandatory, publisher-confirmed, as the worker does), acking it once
-//! its confirm arrived. Shapes differ in the runtime's threads, whether consuming and
-//! publishing share a connection, and how acks are sent: one per delivery, or coalesced into
-//! `multiple` acks of every delivery confirmed so far. `--relay-shapes` runs them all in
+//! its confirm arrived. Shapes differ in the runtime (current-thread, or multi-thread with one
+//! or two worker threads), whether consuming and publishing share a connection, how acks are
+//! sent (one per delivery, or coalesced into `multiple` acks of every delivery confirmed so
+//! far) and where confirms are awaited (a task per delivery, or all on the consuming task). `--relay-shapes` runs them all in
 //! alternating rounds and prints each one's rate; (a2) uses [`RelayShape::CEILING`], the one
 //! that measured fastest (docs/performance.md).
 
@@ -18,7 +19,9 @@ use lapin::{BasicProperties, Channel, Confirmation};
 use sendquota::internals::broker::Names;
 use tokio::sync::mpsc;
 
-use crate::queues::{connection_pair, consume_requests, prefetching_channel, spawn_each};
+use crate::queues::{
+    connection_pair, consume_requests, poll_each, prefetching_channel, spawn_each, Runtime,
+};
 
 /// Prefetch of every relay shape. The worker of (c) runs at its own settings.
 pub const RELAY_PREFETCH: u16 = 1000;
@@ -33,37 +36,56 @@ pub enum Acks {
     Coalesced,
 }
 
+/// How each delivery's publish and confirm are awaited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Confirms {
+    /// A task per delivery publishes and awaits its own confirm, as the worker's tasks do.
+    EachTask,
+    /// Every delivery's publish and confirm are polled on the consuming task (a stream of
+    /// confirms): lapin's I/O thread wakes one task for a burst of confirms.
+    OneTask,
+}
+
 /// One way to write the relay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RelayShape {
-    /// Runtime worker threads (1: the worker's default).
-    pub threads: usize,
+    /// The runtime it runs on (current-thread: the worker's default).
+    pub runtime: Runtime,
     /// Whether publishing has a connection of its own (as the worker does) or shares the
     /// consuming one.
     pub two_connections: bool,
     pub acks: Acks,
+    pub confirms: Confirms,
 }
 
 impl RelayShape {
-    /// The shape (a2) measures with: the fastest of [`RelayShape::ALL`] in this session's
+    /// The shape (a2) measures with: the fastest of [`RelayShape::all`] in this session's
     /// alternating runs (docs/performance.md).
     pub const CEILING: RelayShape = RelayShape {
-        threads: 1,
+        runtime: Runtime::Workers(1),
         two_connections: false,
         acks: Acks::Coalesced,
+        confirms: Confirms::EachTask,
     };
 
     /// Every shape `--relay-shapes` compares.
     pub fn all() -> Vec<RelayShape> {
         let mut out = Vec::new();
-        for threads in [1, 2] {
+        for runtime in [
+            Runtime::CurrentThread,
+            Runtime::Workers(1),
+            Runtime::Workers(2),
+        ] {
             for two_connections in [false, true] {
                 for acks in [Acks::Each, Acks::Coalesced] {
-                    out.push(RelayShape {
-                        threads,
-                        two_connections,
-                        acks,
-                    });
+                    for confirms in [Confirms::EachTask, Confirms::OneTask] {
+                        out.push(RelayShape {
+                            runtime,
+                            two_connections,
+                            acks,
+                            confirms,
+                        });
+                    }
                 }
             }
         }
@@ -73,9 +95,8 @@ impl RelayShape {
     /// The shape in words, for the report.
     pub fn describe(&self) -> String {
         format!(
-            "{} runtime thread{}, {}, {} acks, a task per delivery, each confirm awaited",
-            self.threads,
-            if self.threads == 1 { "" } else { "s" },
+            "{}, {}, {} acks, {}",
+            self.runtime.describe(),
             if self.two_connections {
                 "consume and publish on two connections"
             } else {
@@ -84,6 +105,10 @@ impl RelayShape {
             match self.acks {
                 Acks::Each => "single",
                 Acks::Coalesced => "coalesced `multiple`",
+            },
+            match self.confirms {
+                Confirms::EachTask => "a task per delivery awaiting its confirm",
+                Confirms::OneTask => "every confirm awaited on the consuming task",
             }
         )
     }
@@ -119,7 +144,7 @@ pub async fn relay(shape: RelayShape, names: Names, n: usize) -> Duration {
     let props = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
-    spawn_each(&mut consumer, n, "a2 relay", |delivery| {
+    let each = |delivery: lapin::message::Delivery| {
         let (publish, consume) = (publish.clone(), consume.clone());
         let (exchange, props) = (names.dispatch.clone(), props.clone());
         let confirmed = confirmed.clone();
@@ -155,8 +180,11 @@ pub async fn relay(shape: RelayShape, names: Names, n: usize) -> Duration {
                     .expect("ack"),
             }
         }
-    })
-    .await;
+    };
+    match shape.confirms {
+        Confirms::EachTask => spawn_each(&mut consumer, n, "a2 relay", each).await,
+        Confirms::OneTask => poll_each(&mut consumer, n, "a2 relay", each).await,
+    }
     let elapsed = began.elapsed();
     drop(confirmed);
     if let Some(acker) = acker {

@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use crate::procs::{Procs, Tally};
 use crate::queues::{
     broker_phase, connection_pair, consume_requests, empty_broker_queues, prefetching_channel,
-    spawn_each, worker_threads,
+    spawn_each, worker_runtime,
 };
 use crate::support::TestEnv;
 use crate::worker::WorkerChoice;
@@ -83,7 +83,7 @@ pub async fn floor_run(
         tally,
         "d floor",
         m / 2,
-        worker_threads(),
+        worker_runtime(),
         floor,
     )
     .await;

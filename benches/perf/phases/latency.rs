@@ -119,7 +119,7 @@ async fn latency_run(
         Hop::Worker(worker) => (Some(worker.start(&env).await.0), None),
         Hop::Relay => {
             let shape = RelayShape::CEILING;
-            let relaying = on_runtime(shape.threads, relay(shape, env.names.clone(), total));
+            let relaying = on_runtime(shape.runtime, relay(shape, env.names.clone(), total));
             (None, Some(tokio::spawn(relaying)))
         }
     };
