@@ -20,7 +20,7 @@
 //! the budget of 30 s for 100,000 that the suite once asserted.
 //!
 //! `cargo bench --bench decisions -- [--decisions N] [--concurrency C] [--recipients R]
-//! [--versus N] [--versus-concurrency C] [--hostile N]`
+//! [--versus N] [--versus-concurrency C] [--hostile N] [--threads N]`
 
 #[allow(dead_code)]
 mod common;
@@ -175,8 +175,20 @@ fn script_totals(
     (delta("evalsha").1, inner)
 }
 
-#[tokio::main]
-async fn main() {
+/// On the worker's runtime (`worker.threads`, current-thread by default), so the rates are the
+/// worker's; `--threads N` runs it on the runtime of `worker.threads = N` instead (0: one
+/// worker thread per CPU, the multi-thread runtime earlier sessions measured on).
+fn main() {
+    let threads = common::flag(
+        "--threads",
+        sendquota::config::WorkerSettings::default().threads,
+    );
+    sendquota::cli::runtime(threads)
+        .expect("tokio runtime")
+        .block_on(bench());
+}
+
+async fn bench() {
     let n = common::flag("--decisions", 50_000);
     let concurrency = common::flag("--concurrency", 128);
     let recipients = common::flag("--recipients", 10_000);

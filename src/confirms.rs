@@ -71,3 +71,61 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Waiting>, mut ended: watch::Receive
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A publish the broker settles when `settle` sends its answer.
+    fn publish_settled_by() -> (Publish, oneshot::Sender<Confirmation>) {
+        let (settle, settled) = oneshot::channel();
+        let publish =
+            Box::pin(async move { Ok(settled.await.unwrap_or(Confirmation::NotRequested)) });
+        (publish, settle)
+    }
+
+    #[tokio::test]
+    async fn each_publish_gets_its_own_outcome_in_whatever_order_the_broker_settles_them() {
+        let (_ended, ending) = watch::channel(false);
+        let in_flight = InFlight::spawn(ending);
+        let (first, settle_first) = publish_settled_by();
+        let (second, settle_second) = publish_settled_by();
+        let (first, second) = (in_flight.publish(first), in_flight.publish(second));
+        settle_second.send(Confirmation::Nack(None)).unwrap();
+        assert!(matches!(second.await, Ok(Ok(Confirmation::Nack(None)))));
+        settle_first.send(Confirmation::Ack(None)).unwrap();
+        assert!(matches!(first.await, Ok(Ok(Confirmation::Ack(None)))));
+    }
+
+    #[tokio::test]
+    async fn a_session_that_ends_fails_the_publishes_still_waiting_and_every_later_one() {
+        let (ended, ending) = watch::channel(false);
+        let in_flight = InFlight::spawn(ending);
+        let (waiting, _never_settled) = publish_settled_by();
+        let waiting = in_flight.publish(waiting);
+        ended.send_replace(true);
+        let outcome = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+        assert!(
+            matches!(outcome, Ok(Err(_))),
+            "a waiting publish is told at once"
+        );
+        let (later, _) = publish_settled_by();
+        let later = tokio::time::timeout(Duration::from_secs(5), in_flight.publish(later)).await;
+        assert!(
+            matches!(later, Ok(Err(_))),
+            "a later publish is told at once"
+        );
+    }
+
+    #[tokio::test]
+    async fn publishes_handed_over_are_settled_after_every_handle_is_dropped() {
+        let (_ended, ending) = watch::channel(false);
+        let in_flight = InFlight::spawn(ending);
+        let (publish, settle) = publish_settled_by();
+        let outcome = in_flight.publish(publish);
+        drop(in_flight);
+        settle.send(Confirmation::Ack(None)).unwrap();
+        assert!(matches!(outcome.await, Ok(Ok(Confirmation::Ack(None)))));
+    }
+}
