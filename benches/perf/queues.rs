@@ -197,7 +197,7 @@ where
 pub enum Runtime {
     /// tokio's current-thread runtime: one thread polls every task (the worker's default).
     CurrentThread,
-    /// tokio's multi-thread runtime with this many worker threads.
+    /// tokio's multi-thread runtime with this many worker threads (0: one per CPU).
     Workers(usize),
 }
 
@@ -224,10 +224,13 @@ impl Runtime {
             Runtime::CurrentThread => tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build(),
-            Runtime::Workers(n) => tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(*n)
-                .enable_all()
-                .build(),
+            Runtime::Workers(n) => {
+                let mut builder = tokio::runtime::Builder::new_multi_thread();
+                if *n > 0 {
+                    builder.worker_threads(*n);
+                }
+                builder.enable_all().build()
+            }
         }
     }
 }
