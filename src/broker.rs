@@ -469,6 +469,12 @@ impl Publisher {
         &self.channel
     }
 
+    /// Whether this publisher can still publish: its channel is open and the task that polls
+    /// its publishes runs.
+    pub fn can_publish(&self) -> bool {
+        self.channel.status().connected() && self.in_flight.running()
+    }
+
     /// Whether the broker blocks this publisher's connection, and why.
     pub fn blocked(&self) -> &watch::Receiver<Option<String>> {
         &self.blocked
@@ -534,6 +540,8 @@ impl Publisher {
                 Err(_) => Err(BrokerError::ChannelClosed("publishing")),
             }
         };
+        // One timeout for the frames' write and the confirm: the write is queued at once
+        // (a blocked connection does not count), so the wait is the confirm's, as before.
         let confirmation = within("publish", &self.blocked, confirmed).await?;
         match confirmation {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),

@@ -369,8 +369,9 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
                 Some(value) => Some(failpoint::parse(&value).map_err(CliError::Input)?),
                 None => None,
             };
-            // On a runtime worker thread, not the main thread: deliveries are then handed to
-            // their tasks without waking another thread for each one.
+            // A task, not the future `block_on` drives: on a multi-thread runtime (threads > 1)
+            // it runs on a worker thread, and deliveries are handed to their tasks without
+            // waking another thread for each one.
             let running = tokio::spawn(async move {
                 startup::run(&settings, clock, failpoint, shutdown_signal()).await
             });

@@ -34,8 +34,9 @@ struct Waiting {
 impl InFlight {
     /// Starts the task that polls this channel's publishes. It stops, dropping the publishes
     /// still waiting (their callers see [`InFlight::publish`]'s receiver closed), once `ended`
-    /// turns true or its sender is gone, and otherwise once every handle is dropped and no
-    /// publish waits.
+    /// turns true or its sender is gone (the publisher dropped), and otherwise once every
+    /// handle is dropped and no publish waits. A publish whose caller stopped waiting (its
+    /// timeout) is dropped too, as it was when each caller polled its own.
     pub fn spawn(ended: watch::Receiver<bool>) -> InFlight {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(rx, ended));
@@ -43,12 +44,18 @@ impl InFlight {
     }
 
     /// Hands `publish` to the task; the receiver yields its outcome, or is closed when the
-    /// publisher's session ended first.
+    /// publisher's session ended first (or the task is gone: see [`InFlight::running`]).
     pub fn publish(&self, publish: Publish) -> oneshot::Receiver<lapin::Result<Confirmation>> {
         let (done, outcome) = oneshot::channel();
         // A task that has stopped drops `done` with the message: the receiver is closed.
         let _ = self.tx.send(Waiting { publish, done });
         outcome
+    }
+
+    /// Whether the task still takes publishes: it stops when the session ends, and would if a
+    /// publish panicked, after which every publish would fail while the channel looks open.
+    pub fn running(&self) -> bool {
+        !self.tx.is_closed()
     }
 }
 
@@ -63,8 +70,14 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Waiting>, mut ended: watch::Receive
             _ = ended.wait_for(|ended| *ended) => return,
             n = rx.recv_many(&mut arrived, 1024), if open => {
                 open = n > 0;
-                waiting.extend(arrived.drain(..).map(|w: Waiting| async move {
-                    let _ = w.done.send(w.publish.await);
+                waiting.extend(arrived.drain(..).map(|mut w: Waiting| async move {
+                    tokio::select! {
+                        outcome = &mut w.publish => {
+                            let _ = w.done.send(outcome);
+                        }
+                        // Its caller gave up (a timeout): nobody waits for the outcome.
+                        () = w.done.closed() => {}
+                    }
                 }));
             }
             Some(()) = waiting.next(), if !waiting.is_empty() => {}
@@ -116,6 +129,40 @@ mod tests {
             matches!(later, Ok(Err(_))),
             "a later publish is told at once"
         );
+    }
+
+    #[tokio::test]
+    async fn a_publish_whose_caller_stopped_waiting_is_dropped() {
+        let (_ended, ending) = watch::channel(false);
+        let in_flight = InFlight::spawn(ending);
+        let (dropped, dropped_when_polled) = oneshot::channel::<()>();
+        let publish: Publish = Box::pin(async move {
+            let _held = dropped;
+            std::future::pending::<()>().await;
+            Ok(Confirmation::NotRequested)
+        });
+        drop(in_flight.publish(publish));
+        let dropped = tokio::time::timeout(Duration::from_secs(5), dropped_when_polled).await;
+        assert!(
+            matches!(dropped, Ok(Err(_))),
+            "the abandoned publish is dropped"
+        );
+        assert!(in_flight.running());
+    }
+
+    #[tokio::test]
+    async fn the_task_is_running_until_its_session_ends() {
+        let (ended, ending) = watch::channel(false);
+        let in_flight = InFlight::spawn(ending);
+        assert!(in_flight.running());
+        ended.send_replace(true);
+        for _ in 0..100 {
+            if !in_flight.running() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the task still runs after its session ended");
     }
 
     #[tokio::test]

@@ -161,7 +161,7 @@ async fn consume(
                 if !channel.status().connected() {
                     break Err(BrokerError::ChannelClosed("consuming"));
                 }
-                if !publisher.channel().status().connected() {
+                if !publisher.can_publish() {
                     break Err(BrokerError::ChannelClosed("publishing"));
                 }
             }
@@ -347,7 +347,7 @@ impl Task {
     /// Whether retrying is pointless: a lost channel can neither publish nor ack, and the
     /// broker redelivers the message on the next session.
     fn channels_lost(&self) -> bool {
-        !self.consuming.status().connected() || !self.publisher.channel().status().connected()
+        !self.consuming.status().connected() || !self.publisher.can_publish()
     }
 
     /// Handles the delivery until its outcome is durable, then hands it to the settler to be
