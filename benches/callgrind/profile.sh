@@ -12,7 +12,8 @@
 #                                                     into OUT (strace's log is OUT.strace)
 #
 # Uses the local services, a namespace and database of its own (dropped first), admin port
-# 9191, and `sendquota tail` as the dispatch exchange's queue. The worker's log is OUT.log.
+# 9191, and `sendquota tail` as the dispatch exchange's queue; deletes its Redis keys and
+# database at the end. The worker's log is OUT.log.
 set -euo pipefail
 TOOL=$1; BIN=$(realpath "$2"); OUT=$3; N=${4:-40000}
 case $TOOL in
@@ -58,6 +59,9 @@ until [ "$(decided)" -ge "$N" ]; do sleep 0.2; done
 if [ -n "$PROFILER" ]; then kill -INT "$PROFILER"; wait "$PROFILER" || true; fi
 kill -INT "$WORKER"; wait "$WORKER" || true
 kill -INT "$TAIL"; wait "$TAIL" || true
+# The namespace's keys go (N requests leave about 2N); its queues stay on the broker, empty.
+redis-cli --scan --pattern "$NS*" | xargs -r -n 1000 redis-cli unlink > /dev/null
+psql "$admin" -qc "DROP DATABASE IF EXISTS profile_worker" > /dev/null 2>&1 || true
 if [ "$TOOL" = strace ]; then
   # Per thread, system call and (for socket calls) file descriptor; lines strace split in two
   # ("<... resumed>") are counted once, at their start.
