@@ -8,7 +8,8 @@
 #   -> t3 worker republishes -> t4 broker delivers to the sink consumer.
 #
 # Usage: benches/latency/trace.sh OUT.pcap [--redis-port P] -- COMMAND ARGS...
-#   e.g. benches/latency/trace.sh /tmp/g.pcap -- ./run-latency-phase.sh
+#   e.g. benches/latency/trace.sh /tmp/g.pcap -- target/release/deps/perf-HASH --bench \
+#          --latency-rate 5000 --latency-seconds 5     ((g) alone; cargo bench --bench perf --no-run)
 #   HOPS_ARGS="--skip-first-seconds 0" passes options on to hops.py; run hops.py on OUT.pcap
 #   again to read it differently.
 #
