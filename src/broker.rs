@@ -384,7 +384,9 @@ pub fn delay_tier_for(wait: i64) -> i64 {
 /// for the message (and, for mandatory publishes, routed it to a queue).
 #[derive(Clone)]
 pub struct Publisher {
-    channel: Channel,
+    /// Shared: every publish's future holds a clone, one increment of an `Arc` rather than a
+    /// clone of each of lapin's `Channel` parts.
+    channel: Arc<Channel>,
     blocked: watch::Receiver<Option<String>>,
     /// Set when the session this publisher belongs to is over: publishes still waiting then
     /// fail at once instead of at their timeout (lapin may leave a confirm of a channel the
@@ -435,7 +437,7 @@ impl Publisher {
         let ended = watch::channel(false).0;
         let in_flight = InFlight::spawn(ended.subscribe());
         Ok(Publisher {
-            channel,
+            channel: Arc::new(channel),
             blocked,
             ended: Arc::new(ended),
             in_flight,

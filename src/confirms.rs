@@ -90,6 +90,12 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A running task, and the sender that ends its session.
+    fn in_flight() -> (watch::Sender<bool>, InFlight) {
+        let (ended, ending) = watch::channel(false);
+        (ended, InFlight::spawn(ending))
+    }
+
     /// A publish the broker settles when `settle` sends its answer.
     fn publish_settled_by() -> (Publish, oneshot::Sender<Confirmation>) {
         let (settle, settled) = oneshot::channel();
@@ -100,8 +106,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_publish_gets_its_own_outcome_in_whatever_order_the_broker_settles_them() {
-        let (_ended, ending) = watch::channel(false);
-        let in_flight = InFlight::spawn(ending);
+        let (_ended, in_flight) = in_flight();
         let (first, settle_first) = publish_settled_by();
         let (second, settle_second) = publish_settled_by();
         let (first, second) = (in_flight.publish(first), in_flight.publish(second));
@@ -113,8 +118,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_that_ends_fails_the_publishes_still_waiting_and_every_later_one() {
-        let (ended, ending) = watch::channel(false);
-        let in_flight = InFlight::spawn(ending);
+        let (ended, in_flight) = in_flight();
         let (waiting, _never_settled) = publish_settled_by();
         let waiting = in_flight.publish(waiting);
         ended.send_replace(true);
@@ -133,8 +137,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_publish_whose_caller_stopped_waiting_is_dropped() {
-        let (_ended, ending) = watch::channel(false);
-        let in_flight = InFlight::spawn(ending);
+        let (_ended, in_flight) = in_flight();
         let (dropped, dropped_when_polled) = oneshot::channel::<()>();
         let publish: Publish = Box::pin(async move {
             let _held = dropped;
@@ -152,8 +155,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_task_is_running_until_its_session_ends() {
-        let (ended, ending) = watch::channel(false);
-        let in_flight = InFlight::spawn(ending);
+        let (ended, in_flight) = in_flight();
         assert!(in_flight.running());
         ended.send_replace(true);
         for _ in 0..100 {
@@ -167,8 +169,7 @@ mod tests {
 
     #[tokio::test]
     async fn publishes_handed_over_are_settled_after_every_handle_is_dropped() {
-        let (_ended, ending) = watch::channel(false);
-        let in_flight = InFlight::spawn(ending);
+        let (_ended, in_flight) = in_flight();
         let (publish, settle) = publish_settled_by();
         let outcome = in_flight.publish(publish);
         drop(in_flight);

@@ -414,54 +414,51 @@ class RedisConn:
         self.saw_command = False
         self.midstream = False
 
-    def client_data(self, ts, data):
-        buf = self.cbuf
-        buf += data
+    def _values(self, buf, inline=False):
+        """Yields each whole RESP value in buf (None for an inline command when `inline`), then
+        drops what it consumed; a value cut short waits for more data, a malformed one breaks
+        the connection's matching and drops the buffer."""
         pos = 0
-        while pos < len(buf):
-            if buf[pos] != ord("*"):  # inline command (not from a client library)
-                nl = buf.find(b"\r\n", pos)
-                if nl < 0:
+        try:
+            while pos < len(buf):
+                if inline and buf[pos] != ord("*"):  # inline command (not from a client library)
+                    nl = buf.find(b"\r\n", pos)
+                    if nl < 0:
+                        break
+                    pos = nl + 2
+                    yield None
+                    continue
+                try:
+                    pos, value = resp_value(buf, pos)
+                except NeedMore:
                     break
-                pos = nl + 2
-                self.queue.append(None)
-                continue
-            try:
-                end, items = resp_value(buf, pos)
-            except NeedMore:
-                break
-            except ValueError:
-                self.broken = True
-                del buf[:]
-                return
-            pos = end
-            self.saw_command = True
+                except ValueError:
+                    self.broken = True
+                    pos = len(buf)
+                    return
+                yield value
+        finally:
+            del buf[:pos]
+
+    def client_data(self, ts, data):
+        self.cbuf += data
+        for items in self._values(self.cbuf, inline=True):
             rec = None
-            if items and isinstance(items[0], bytes) and items[0].upper() == b"EVALSHA":
-                ids = [a.decode() for a in items[1:] if isinstance(a, bytes) and ARG_ID_RE.fullmatch(a)]
-                rec = {"sent": ts, "reply": None, "ids": ids, "port": self.port}
-                self.log.append(rec)
-            elif items and isinstance(items[0], bytes) and items[0].upper() in (b"SUBSCRIBE", b"PSUBSCRIBE", b"MONITOR"):
-                self.broken = True  # push-style replies: no 1:1 matching
+            if items is not None:
+                self.saw_command = True
+                if items and isinstance(items[0], bytes) and items[0].upper() == b"EVALSHA":
+                    ids = [a.decode() for a in items[1:] if isinstance(a, bytes) and ARG_ID_RE.fullmatch(a)]
+                    rec = {"sent": ts, "reply": None, "ids": ids, "port": self.port}
+                    self.log.append(rec)
+                elif items and isinstance(items[0], bytes) and items[0].upper() in (b"SUBSCRIBE", b"PSUBSCRIBE", b"MONITOR"):
+                    self.broken = True  # push-style replies: no 1:1 matching
             self.queue.append(rec)
-        del buf[:pos]
 
     def server_data(self, ts, data):
         if self.midstream and not self.saw_command:
             return  # replies to commands sent before the capture: cannot be matched
-        buf = self.rbuf
-        buf += data
-        pos = 0
-        while pos < len(buf):
-            try:
-                end, _ = resp_value(buf, pos)
-            except NeedMore:
-                break
-            except ValueError:
-                self.broken = True
-                del buf[:]
-                return
-            pos = end
+        self.rbuf += data
+        for _ in self._values(self.rbuf):
             if self.qhead < len(self.queue):
                 rec = self.queue[self.qhead]
                 self.qhead += 1
@@ -470,7 +467,6 @@ class RedisConn:
             if self.qhead > 4096:
                 del self.queue[: self.qhead]
                 self.qhead = 0
-        del buf[:pos]
 
 
 # --------------------------------------------------------------------------------------------

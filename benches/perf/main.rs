@@ -117,9 +117,9 @@ async fn main() {
         return;
     }
     if args.latency_rate > 0 {
-        // (g) alone at this rate ((g) publishes at half the rate it is given), for tracing its
-        // hops (benches/latency/trace.sh).
-        phases::latency::run(&bench, &worker, 2.0 * args.latency_rate as f64, &mut report).await;
+        // (g) alone at this rate, for tracing its hops (benches/latency/trace.sh).
+        let rate = args.latency_rate as f64;
+        phases::latency::run(&bench, &worker, rate, None, &mut report).await;
         drop(bench);
         report.print(&args, &worker, started.elapsed());
         return;
@@ -131,7 +131,7 @@ async fn main() {
         // (a2), (c) and (d): (c)'s rate, which (g) publishes at half of.
         let c = phases::end_to_end::run(&bench, &worker, &mut report).await;
         // (g), (e), (f).
-        phases::latency::run(&bench, &worker, c, &mut report).await;
+        phases::latency::run(&bench, &worker, c / 2.0, Some(c), &mut report).await;
         phases::scale::run(&mut bench, &mut report).await;
         phases::hot::run(&mut bench, &mut report).await;
     }

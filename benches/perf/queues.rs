@@ -97,27 +97,11 @@ pub async fn spawn_each<F>(
 ) where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut progress = Progress::new(label, n);
-    let (mut taken, mut done) = (0usize, 0usize);
-    while done < n {
-        tokio::select! {
-            biased;
-            Some(()) = done_rx.recv() => {
-                done += 1;
-                progress.add(1);
-            }
-            d = consumer.next(), if taken < n => {
-                let delivery = d.expect("consumer ended").expect("delivery");
-                taken += 1;
-                let (task, done_tx) = (each(delivery), done_tx.clone());
-                tokio::spawn(async move {
-                    task.await;
-                    let _ = done_tx.send(());
-                });
-            }
-        }
-    }
+    poll_each(consumer, n, label, |delivery| {
+        let task = tokio::spawn(each(delivery));
+        async move { task.await.expect("delivery task") }
+    })
+    .await
 }
 
 /// Takes `n` deliveries from `consumer` and polls `each(delivery)` for each on this task,

@@ -27,27 +27,35 @@ const PACE: Duration = Duration::from_millis(2);
 /// (g) publishes this long at its rate before the counted part.
 const LATENCY_WARM_UP: Duration = Duration::from_secs(1);
 
-/// (g): the relay, then the worker, at half of `c` msgs/s.
-pub async fn run(bench: &Bench, worker: &WorkerChoice, c: f64, report: &mut Report) {
+/// (g): the relay, then the worker, at `rate` msgs/s: half of `c`, (c)'s rate, or the rate
+/// `--latency-rate` asks for when (g) runs alone (`c` is then `None`).
+pub async fn run(
+    bench: &Bench,
+    worker: &WorkerChoice,
+    rate: f64,
+    c: Option<f64>,
+    report: &mut Report,
+) {
     let (procs, seconds) = (&bench.procs, bench.args.latency_seconds);
     let mut g_relay = Tally::default();
-    let floor = latency_run(Hop::Relay, c / 2.0, seconds, procs, &mut g_relay).await;
+    let floor = latency_run(Hop::Relay, rate, seconds, procs, &mut g_relay).await;
     report.cpu(procs, "g relay at half (c)'s rate, paced", &g_relay);
     let mut g = Tally::default();
     let hop = Hop::Worker(worker);
-    let latency = latency_run(hop, c / 2.0, seconds, procs, &mut g).await;
+    let latency = latency_run(hop, rate, seconds, procs, &mut g).await;
     report.cpu(procs, "g worker at half (c)'s rate, paced", &g);
     let p99 = latency.quantile(0.99);
     let complete = latency.samples.len() == latency.counted;
     let detail = |l: &Latency| {
+        let of_c = c.map_or(String::new(), |c| {
+            format!(" = {:.0}% of (c)", l.achieved / c * 100.0)
+        });
         format!(
-            "max {}; {} of {} dispatched at {:.0} msgs/s = {:.0}% of (c), {} s after {} s \
-             warm-up",
+            "max {}; {} of {} dispatched at {:.0} msgs/s{of_c}, {} s after {} s warm-up",
             ms(l.quantile(1.0)),
             l.samples.len(),
             l.counted,
             l.achieved,
-            l.achieved / c * 100.0,
             seconds,
             LATENCY_WARM_UP.as_secs()
         )
