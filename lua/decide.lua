@@ -4,11 +4,11 @@
 --       (used by kinds whose state cannot hold message ids). All share the scope's hash tag.
 --       Then, optionally, the recipient's dispatch marks (a sorted set: member = message id,
 --       score = when the mark expires, ms): with it, 'check' and 'commit' first look
---       MESSAGE_ID up there and, if it was dispatched, reply {2} and touch nothing.
+--       MESSAGE_ID up there and, if it was dispatched, reply '2' and touch nothing.
 --       Then, optionally (only after the marks), the recipient's in-flight claims (a hash:
 --       field = message id, value = '<token> <expires, ms of Redis's own clock>'; see
 --       src/claim.rs): one delivery of
---       a message id at a time is decided and dispatched. 'commit' replies {3, WAIT_MS} and
+--       a message id at a time is decided and dispatched. 'commit' replies '3 WAIT_MS' and
 --       touches nothing while another token holds a live claim on MESSAGE_ID, and claims it for
 --       TOKEN when it commits (a refused message holds no claim).
 -- ARGV: NOW_MS, MESSAGE_ID, MODE, COST, RULE_COUNT, then per rule:
@@ -20,15 +20,17 @@
 --         'refund' = give back MESSAGE_ID's take in every rule listed (used when another
 --                    scope refused the message after this one committed), and TOKEN's claim;
 --         'claim'   = (no rules) take MESSAGE_ID's claim for TOKEN, for a message whose rules
---                    have no recipient scope to take it with: {1}, or {2} or {3, WAIT_MS};
---         'renew'   = (no rules) extend TOKEN's claim by LEASE_MS: {1}, or {0} when TOKEN
+--                    have no recipient scope to take it with: '1', or '2' or '3 WAIT_MS';
+--         'renew'   = (no rules) extend TOKEN's claim by LEASE_MS: '1', or '0' when TOKEN
 --                    does not hold it any more;
---         'release' = (no rules) drop TOKEN's claim: {1}, or {0} when TOKEN did not hold it.
--- Reply: {COMMITTED, then ALLOWED, ALREADY, REMAINING, RETRY, DETAIL of each rule in turn}, one
---        flat array (the kind files say what REMAINING, RETRY and DETAIL mean for them): Redis
---        converts every table of a reply separately, a nested one costing as much as the rest;
---        for 'refund', {1}; for a message already dispatched, {2}; for one another delivery
---        holds, {3, WAIT_MS}.
+--         'release' = (no rules) drop TOKEN's claim: '1', or '0' when TOKEN did not hold it.
+-- Reply: whole numbers in one string, separated by spaces: COMMITTED, then ALLOWED, ALREADY,
+--        REMAINING, RETRY, DETAIL of each rule in turn (the kind files say what REMAINING,
+--        RETRY and DETAIL mean for them); for 'refund', '1'; for a message already dispatched,
+--        '2'; for one another delivery holds, '3 WAIT_MS'. One string, not an array: the
+--        client parses each value of a reply on its own, and six numbers as six values cost the
+--        worker more than the rest of reading the reply (docs/performance.md); a table would
+--        also cost Redis a conversion per table, a nested one as much as the rest.
 --
 -- A rule's slice of ARGV is handed to its kind as arguments (unpack), not copied into a table.
 
@@ -57,25 +59,25 @@ if mode == 'renew' or mode == 'release' or mode == 'refund' then
     pos = last + 1
   end
   if not claims then
-    return {1}
+    return '1'
   end
   local holder, expires = claim_of(claims, ID)
   local now = server_ms()
   if holder ~= token or (mode == 'renew' and expires <= now) then
-    return {mode == 'refund' and 1 or 0}
+    return mode == 'refund' and '1' or '0'
   end
   if mode == 'renew' then
     hold_claim(claims, ID, token, now, lease, true)
   else
     redis.call('HDEL', claims, ID)
   end
-  return {1}
+  return '1'
 end
 
 if marks then
   local expires = redis.call('ZSCORE', marks, ID)
   if expires and expires + 0 > NOW_ARG + 0 then
-    return {2}
+    return '2'
   end
 end
 
@@ -87,12 +89,12 @@ if claims then
   if holder and holder ~= token then
     claim_now = server_ms()
     if expires > claim_now then
-      return {3, int(expires - claim_now)}
+      return '3 ' .. int(expires - claim_now)
     end
   end
   if mode == 'claim' then
     hold_claim(claims, ID, token, claim_now or server_ms(), lease)
-    return {1}
+    return '1'
   end
 end
 
@@ -133,4 +135,5 @@ if mode == 'commit' and not blocked then
   end
   reply[1] = 1
 end
-return reply
+return string.format(string.rep(' %d', #reply), unpack(reply))
+

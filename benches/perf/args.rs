@@ -28,6 +28,8 @@ pub struct Args {
     pub decision_phases_only: usize,
     /// `--latency-rate N`: (g) alone, at N msgs/s (instead of half of (c)'s rate).
     pub latency_rate: usize,
+    /// `--end-to-end-only 1`: (a2), (c) and (d) only, for A/B of the worker.
+    pub end_to_end_only: usize,
 }
 
 /// The flags, normalised so that every phase divides into whole slices and rounds.
@@ -49,6 +51,7 @@ pub fn parse() -> Args {
         relay_shapes: 0,
         decision_phases_only: 0,
         latency_rate: 0,
+        end_to_end_only: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -69,14 +72,15 @@ pub fn parse() -> Args {
             "--relay-shapes" => &mut out.relay_shapes,
             "--decision-phases-only" => &mut out.decision_phases_only,
             "--latency-rate" => &mut out.latency_rate,
+            "--end-to-end-only" => &mut out.end_to_end_only,
             "--bench" => continue,
             other => {
                 eprintln!(
                     "unknown argument {other}; flags: --decisions --concurrency --pipeline \
                      --in-flight --messages --recipients --small-recipients --pool-decisions \
                      --sample --hot-recipients --hot-decisions --worker-prefetch \
-                     --latency-seconds --relay-shapes --decision-phases-only --latency-rate (each takes a \
-                     whole number)"
+                     --latency-seconds --relay-shapes --decision-phases-only --latency-rate \
+                     --end-to-end-only (each takes a whole number)"
                 );
                 std::process::exit(2)
             }

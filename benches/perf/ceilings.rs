@@ -97,9 +97,11 @@ impl LuaLoop {
             let reply = reply.expect("EVALSHA pipeline");
             let k = reply.len();
             for v in reply {
+                // The reply's numbers in one string (lua/decide.lua): the first says committed.
                 match v {
-                    Value::Array(items) => {
-                        allowed += usize::from(matches!(items.first(), Some(Value::Int(1))));
+                    Value::BulkString(text) => {
+                        let first = text.split(|&b| b == b' ').find(|n| !n.is_empty());
+                        allowed += usize::from(first == Some(b"1".as_slice()));
                     }
                     other => panic!("decision script replied {other:?}"),
                 }

@@ -47,9 +47,11 @@
 //! `cargo bench --bench perf -- [--decisions N] [--concurrency C] [--pipeline P] [--in-flight F]
 //! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]
 //! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]
-//! [--relay-shapes ROUNDS] [--decision-phases-only 1]` (`--relay-shapes` runs only (a2) in every
-//! shape the relay can take, alternating, to choose the ceiling's, see `relay`;
-//! `--decision-phases-only` runs the warm-up, (a1) and (b) alone: no broker, no worker)
+//! [--relay-shapes ROUNDS] [--decision-phases-only 1] [--end-to-end-only 1] [--latency-rate R]`
+//! (`--relay-shapes` runs only (a2) in every shape the relay can take, alternating, to choose
+//! the ceiling's, see `relay`; `--decision-phases-only` runs the warm-up, (a1) and (b) alone:
+//! no broker, no worker; `--end-to-end-only` runs (a2), (c) and (d) alone; `--latency-rate`
+//! runs (g) alone at R msgs/s)
 //! (cargo runs the bench executable as `perf-HASH --bench ARGS`; it can be run so directly).
 //!
 //! Layout: `main` parses the flags, runs the phases in this order: warm-up, (a1) with (b), (a2)
@@ -120,6 +122,13 @@ async fn main() {
         // (g) alone at this rate, for tracing its hops (benches/latency/trace.sh).
         let rate = args.latency_rate as f64;
         phases::latency::run(&bench, &worker, rate, None, &mut report).await;
+        drop(bench);
+        report.print(&args, &worker, started.elapsed());
+        return;
+    }
+    if args.end_to_end_only > 0 {
+        // (a2), (c) and (d) alone: an A/B of the worker in a few minutes.
+        phases::end_to_end::run(&bench, &worker, &mut report).await;
         drop(bench);
         report.print(&args, &worker, started.elapsed());
         return;

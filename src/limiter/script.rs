@@ -252,44 +252,102 @@ pub enum Reply {
 
 impl FromRedisValue for Reply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let Value::Array(items) = v else {
-            return Err(format!("decision script replied {v:?}, expected an array").into());
+        let Value::BulkString(text) = v else {
+            return Err(format!("decision script replied {v:?}, expected a string").into());
         };
-        let rules = items.len().saturating_sub(1);
-        let mut items = items.into_iter();
-        let done = match items.next() {
-            Some(Value::Int(code::DISPATCHED)) => return Ok(Reply::Dispatched),
-            Some(Value::Int(code::IN_FLIGHT)) => {
-                let wait_ms = match items.next() {
-                    Some(v) => i64::from_redis_value(v)?,
-                    None => return Err("decision script: {3} without a wait".into()),
-                };
-                return Ok(Reply::InFlight { wait_ms });
-            }
-            Some(Value::Int(c)) => c == code::DONE,
-            other => return Err(format!("decision script: bad reply code {other:?}").into()),
-        };
-        // Five numbers per rule, one rule after another (lua/decide.lua).
-        if rules % 5 != 0 {
-            return Err(format!(
-                "decision script: {rules} numbers after the committed flag, not five per rule"
+        Reply::parse(&text)
+    }
+}
+
+impl Reply {
+    /// Reads a reply's numbers (lua/decide.lua: whole numbers, each after a space but the
+    /// first).
+    fn parse(text: &[u8]) -> Result<Reply, ParsingError> {
+        let bad = |why: &str| -> ParsingError {
+            format!(
+                "decision script replied {:?}: {why}",
+                String::from_utf8_lossy(text)
             )
-            .into());
+            .into()
+        };
+        let mut numbers = Numbers(text);
+        let done = match numbers
+            .next()
+            .transpose()
+            .map_err(|()| bad("not numbers"))?
+        {
+            Some(code::DISPATCHED) => return Ok(Reply::Dispatched),
+            Some(code::IN_FLIGHT) => {
+                return match numbers.next() {
+                    Some(Ok(wait_ms)) => Ok(Reply::InFlight { wait_ms }),
+                    _ => Err(bad("3 without a wait")),
+                }
+            }
+            Some(c) => c == code::DONE,
+            None => return Err(bad("no reply code")),
+        };
+        let mut results = Vec::with_capacity(1);
+        let mut rule = [0i64; 5];
+        let mut filled = 0;
+        for n in numbers {
+            rule[filled] = n.map_err(|()| bad("not numbers"))?;
+            filled += 1;
+            if filled == rule.len() {
+                results.push(RawResult {
+                    allowed: rule[0] == 1,
+                    already: rule[1] == 1,
+                    remaining: rule[2],
+                    retry: rule[3],
+                    detail: rule[4],
+                });
+                filled = 0;
+            }
         }
-        let numbers = items
-            .map(i64::from_redis_value)
-            .collect::<Result<Vec<i64>, ParsingError>>()?;
-        let results = numbers
-            .chunks_exact(5)
-            .map(|rule| RawResult {
-                allowed: rule[0] == 1,
-                already: rule[1] == 1,
-                remaining: rule[2],
-                retry: rule[3],
-                detail: rule[4],
-            })
-            .collect();
+        // Five numbers per rule, one rule after another (lua/decide.lua).
+        if filled != 0 {
+            return Err(bad("not five numbers per rule"));
+        }
         Ok(Reply::Ran { done, results })
+    }
+}
+
+/// The whole numbers of a reply, read straight from its bytes: a reply is read for every
+/// decision, and a string of six numbers is short.
+struct Numbers<'a>(&'a [u8]);
+
+impl Iterator for Numbers<'_> {
+    type Item = Result<i64, ()>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let start = self.0.iter().position(|&b| b != b' ')?;
+        let rest = &self.0[start..];
+        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+        self.0 = &rest[end..];
+        let (negative, digits) = match rest[..end].split_first() {
+            Some((b'-', digits)) => (true, digits),
+            _ => (false, &rest[..end]),
+        };
+        if digits.is_empty() {
+            return Some(Err(()));
+        }
+        let mut n: i64 = 0;
+        for &d in digits {
+            if !d.is_ascii_digit() {
+                return Some(Err(()));
+            }
+            let digit = i64::from(d - b'0');
+            n = match n.checked_mul(10).and_then(|n| {
+                if negative {
+                    n.checked_sub(digit)
+                } else {
+                    n.checked_add(digit)
+                }
+            }) {
+                Some(n) => n,
+                None => return Some(Err(())),
+            };
+        }
+        Some(Ok(n))
     }
 }
 
@@ -371,14 +429,8 @@ mod tests {
 
     #[test]
     fn a_reply_is_the_committed_flag_then_five_numbers_per_rule() {
-        let int = Value::Int;
-        let reply = Reply::from_redis_value(Value::Array(
-            [1, 1, 0, 2, -1, 0, 0, 0, 0, 20545, 1]
-                .into_iter()
-                .map(int)
-                .collect(),
-        ))
-        .expect("a flat reply");
+        let text = |t: &str| Reply::from_redis_value(Value::BulkString(t.as_bytes().to_vec()));
+        let reply = text(" 1 1 0 2 -1 0 0 0 0 20545 1").expect("a flat reply");
         let Reply::Ran { done, results } = reply else {
             panic!("a decision, not {reply:?}");
         };
@@ -402,12 +454,32 @@ mod tests {
                 },
             ]
         );
-        let dispatched = Reply::from_redis_value(Value::Array(vec![int(2)]));
-        assert!(
-            matches!(dispatched, Ok(Reply::Dispatched)),
-            "{dispatched:?}"
-        );
-        let short = Reply::from_redis_value(Value::Array(vec![int(0), int(1), int(0)]));
-        assert!(short.is_err(), "{short:?}");
+        assert!(matches!(text("2"), Ok(Reply::Dispatched)));
+        assert!(matches!(
+            text("3 1500"),
+            Ok(Reply::InFlight { wait_ms: 1500 })
+        ));
+        assert!(matches!(
+            text(" 0"),
+            Ok(Reply::Ran { done: false, results }) if results.is_empty()
+        ));
+        assert!(matches!(
+            text(" 0 0 0 0 -9223372036854775808 9223372036854775807"),
+            Ok(Reply::Ran { results, .. })
+                if results[0].retry == i64::MIN && results[0].detail == i64::MAX
+        ));
+        for bad in [
+            "0 1 0",
+            "3",
+            "",
+            "1 x 0 0 0 0",
+            " 1 1 0 2.5 -1 0",
+            " 1 1 0 - -1 0",
+            " 1 1 0 1 -1 9223372036854775808",
+        ] {
+            assert!(text(bad).is_err(), "{bad:?}");
+        }
+        let array = Reply::from_redis_value(Value::Array(vec![Value::Int(1)]));
+        assert!(array.is_err(), "{array:?}");
     }
 }
