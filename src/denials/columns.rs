@@ -67,8 +67,10 @@ impl Cell for Option<i64> {
     }
 }
 
-/// What the insert returns for each row it inserted: its place in the batch, from 1.
-pub(super) type Inserted = i64;
+/// What the insert returns: the place in the batch (from 1) of each row it inserted, in one
+/// array, so the reply is one row whatever the batch's size (reading a row costs the driver
+/// more than the number in it).
+pub(super) type Inserted = Vec<i64>;
 
 /// The query of [`insert`], bound.
 pub(super) type Insert<'q> = sqlx::query::QueryScalar<'q, Postgres, Inserted, PgArguments>;
@@ -150,7 +152,8 @@ fn insert_sql() -> &'static str {
              inserted AS (INSERT INTO denials ({targets}) SELECT {values} FROM batch b \
              JOIN claimed c USING (recipient, message_id, rule) \
              WHERE c.replay_of = COALESCE(b.replay_of, 0)) \
-             SELECT b.n FROM batch b JOIN claimed c USING (recipient, message_id, rule) \
+             SELECT COALESCE(array_agg(b.n), '{{}}') FROM batch b \
+             JOIN claimed c USING (recipient, message_id, rule) \
              WHERE c.replay_of = COALESCE(b.replay_of, 0)",
             arrays = arrays.join(", "),
             names = names.join(", "),

@@ -343,8 +343,7 @@ impl DenialStore {
             .unzip();
         // One statement, one implicit transaction. The columns borrow from the rows: nothing
         // is copied before sqlx encodes it.
-        let inserted: Vec<columns::Inserted> =
-            columns::insert(&unique).fetch_all(&self.pool).await?;
+        let inserted: columns::Inserted = columns::insert(&unique).fetch_one(&self.pool).await?;
         let mut new = vec![false; rows.len()];
         for n in inserted {
             // The insert numbers the batch it was given from 1.
