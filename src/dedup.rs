@@ -81,21 +81,20 @@ impl DispatchMarks {
         let key = sent_key(&self.namespace, &tag);
         let now_ms = now.timestamp_millis();
         // One round trip; not atomic, and need not be: each command is right on its own. The
-        // mark supersedes the delivery's in-flight claim (any copy is a duplicate now).
+        // mark supersedes the delivery's in-flight claim (any copy is a duplicate now). The
+        // replies are read into `()`, which takes them all, rather than marked `ignore()`: a
+        // pipeline keeps its ignored commands in a hash set, a hashed insert per command.
         let mut pipe = redis::pipe();
         pipe.zadd(&key, message_id, now_ms.saturating_add(self.ttl_ms))
-            .ignore()
-            .hdel(keys::claims_key(&self.namespace, &tag), message_id)
-            .ignore();
+            .hdel(keys::claims_key(&self.namespace, &tag), message_id);
         if self
             .written
             .fetch_add(1, Ordering::Relaxed)
             .is_multiple_of(PRUNE_EVERY)
         {
-            pipe.zrembyscore(&key, "-inf", now_ms).ignore();
+            pipe.zrembyscore(&key, "-inf", now_ms);
         }
         pipe.pexpire(&key, self.ttl_ms)
-            .ignore()
             .exec_async(&mut self.conn.clone())
             .await
     }
