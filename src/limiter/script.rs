@@ -260,8 +260,8 @@ impl FromRedisValue for Reply {
 }
 
 impl Reply {
-    /// Reads a reply's numbers (lua/decide.lua: whole numbers, each after a space but the
-    /// first).
+    /// Reads a reply's numbers (lua/decide.lua: whole numbers separated by spaces, with a
+    /// space before the first in a decision's reply).
     fn parse(text: &[u8]) -> Result<Reply, ParsingError> {
         let bad = |why: &str| -> ParsingError {
             format!(

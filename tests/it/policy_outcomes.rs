@@ -212,6 +212,41 @@ async fn changing_a_rules_limits_keeps_its_counters() {
     assert_eq!(third.verdicts()[0].remaining, Some(1));
 }
 
+/// A scope of thousands of rules is decided in one call and each rule's result comes back in
+/// its place: the script's reply is a string of five numbers a rule, longer than Lua hands to
+/// one call at once (about 8,000 values), so it is written in slices.
+#[tokio::test]
+async fn a_scope_of_two_thousand_rules_is_decided_with_every_rules_result_in_its_place() {
+    use sendquota::config::Settings;
+    use sendquota::internals::limiter::Limiter;
+    use sendquota::internals::message::SendRequest;
+    const RULES: u32 = 2_000;
+    let env = TestEnv::new().await;
+    let toml: String = (1..=RULES)
+        .map(|i| {
+            format!(
+                "[[rules]]\nname = \"w{i}\"\nkind = \"fixed_window\"\nlimit = {}\nwindow = \"1h\"\n",
+                i + 1
+            )
+        })
+        .collect();
+    let policy = Settings::from_toml(&toml, |_| None).expect("valid").policy;
+    let limiter = Limiter::new(env.redis.clone(), &env.namespace);
+    let message = SendRequest::decode(
+        request("m1", "alice", "UTC").to_string().as_bytes(),
+        1 << 16,
+    )
+    .expect("valid");
+    let decided = limiter
+        .evaluate(&policy, &message, local("UTC", "2026-04-01 09:00"), true)
+        .await
+        .expect("evaluate");
+    assert!(decided.committed());
+    let remaining: Vec<Option<i64>> = decided.verdicts().iter().map(|v| v.remaining).collect();
+    let expected: Vec<Option<i64>> = (1..=RULES).map(|i| Some(i64::from(i))).collect();
+    assert_eq!(remaining, expected);
+}
+
 /// A denial's retry_after is an instant at which the message would be admitted: denied at
 /// 23:30 by the headline rule, whose day ends at midnight, while quiet hours run from 00:00 to
 /// 01:00, the message may go at 01:00, not at midnight (a replay `--due` then would only be
