@@ -28,9 +28,9 @@
 --        REMAINING, RETRY, DETAIL of each rule in turn (the kind files say what REMAINING,
 --        RETRY and DETAIL mean for them); for 'refund', '1'; for a message already dispatched,
 --        '2'; for one another delivery holds, '3 WAIT_MS'. One string, not an array: the
---        client parses each value of a reply on its own, and six numbers as six values cost the
---        worker more than the rest of reading the reply (docs/performance.md); a table would
---        also cost Redis a conversion per table, a nested one as much as the rest.
+--        client parses each value of a reply on its own, and a decision's seven numbers as
+--        seven values cost the worker more than the rest of reading the reply
+--        (docs/redis-time.md).
 --
 -- A rule's slice of ARGV is handed to its kind as arguments (unpack), not copied into a table.
 
@@ -149,4 +149,3 @@ for i = 1, #reply, 50 do
   parts[#parts + 1] = string.format(string.rep(' %d', j - i + 1), unpack(reply, i, j))
 end
 return table.concat(parts)
-
