@@ -292,17 +292,11 @@ class AmqpParser:
             ftype = buf[pos]
             channel = (buf[pos + 1] << 8) | buf[pos + 2]
             size = int.from_bytes(buf[pos + 3 : pos + 7], "big")
-            if ftype not in (1, 2, 3, 8) or size > MAX_FRAME:
-                self.synced = False
-                pos = self._resync(pos + 1)
-                if pos is None:
-                    del buf[:]
-                    return
-                continue
             end = pos + 7 + size
-            if end >= n:
+            plausible = ftype in (1, 2, 3, 8) and size <= MAX_FRAME
+            if plausible and end >= n:
                 break
-            if buf[end] != FRAME_END:
+            if not plausible or buf[end] != FRAME_END:
                 self.synced = False
                 pos = self._resync(pos + 1)
                 if pos is None:
