@@ -30,6 +30,17 @@ pub struct Args {
     pub latency_rate: usize,
     /// `--end-to-end-only 1`: (a2), (c) and (d) only, for A/B of the worker.
     pub end_to_end_only: usize,
+    /// `--relay-prefetch N`: (a2) and (g)'s relay consume with prefetch N instead of
+    /// [`crate::relay::RELAY_PREFETCH`]; at the worker's own prefetch it shows how much of (c)'s
+    /// distance to (a2) is the window alone.
+    pub relay_prefetch: usize,
+}
+
+impl Args {
+    /// `--relay-prefetch`, checked by [`parse`] to fit a prefetch.
+    pub fn relay_prefetch(&self) -> u16 {
+        u16::try_from(self.relay_prefetch).unwrap_or(u16::MAX)
+    }
 }
 
 /// The flags, normalised so that every phase divides into whole slices and rounds.
@@ -52,6 +63,7 @@ pub fn parse() -> Args {
         decision_phases_only: 0,
         latency_rate: 0,
         end_to_end_only: 0,
+        relay_prefetch: crate::relay::RELAY_PREFETCH as usize,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -73,6 +85,7 @@ pub fn parse() -> Args {
             "--decision-phases-only" => &mut out.decision_phases_only,
             "--latency-rate" => &mut out.latency_rate,
             "--end-to-end-only" => &mut out.end_to_end_only,
+            "--relay-prefetch" => &mut out.relay_prefetch,
             "--bench" => continue,
             other => {
                 eprintln!(
@@ -80,7 +93,7 @@ pub fn parse() -> Args {
                      --in-flight --messages --recipients --small-recipients --pool-decisions \
                      --sample --hot-recipients --hot-decisions --worker-prefetch \
                      --latency-seconds --relay-shapes --decision-phases-only --latency-rate \
-                     --end-to-end-only (each takes a whole number)"
+                     --end-to-end-only --relay-prefetch (each takes a whole number)"
                 );
                 std::process::exit(2)
             }
@@ -105,9 +118,14 @@ pub fn parse() -> Args {
     out.pool_decisions = (out.pool_decisions.min(cap) / round).max(1) * round;
     // Each side of (f) decides in SLICES equal slices.
     out.hot_decisions = out.hot_decisions.div_ceil(SLICES) * SLICES;
-    if u16::try_from(out.worker_prefetch).is_err() {
-        eprintln!("--worker-prefetch takes at most {}", u16::MAX);
-        std::process::exit(2)
+    for (flag, value) in [
+        ("--worker-prefetch", out.worker_prefetch),
+        ("--relay-prefetch", out.relay_prefetch),
+    ] {
+        if u16::try_from(value).is_err() {
+            eprintln!("{flag} takes at most {}", u16::MAX);
+            std::process::exit(2)
+        }
     }
     out
 }

@@ -7,7 +7,9 @@
 //!   exchange (prefetch 1000, publisher confirms awaited, acks coalesced), msgs/s, in the
 //!   fastest shape measured (`relay::RelayShape::CEILING`, printed beside it). It keeps its own
 //!   prefetch, threads and ack strategy whatever the worker's: it is the broker's and the
-//!   client's best, and a ceiling shaped like the worker would flatter (c)'s ratio;
+//!   client's best, and a ceiling shaped like the worker would flatter (c)'s ratio.
+//!   `--relay-prefetch N` runs it (and (g)'s relay) at prefetch N instead: at the worker's
+//!   own prefetch it shows how much of (c)'s distance to (a2) the window alone accounts for;
 //! - (b) the decision path (`Limiter::evaluate`, commit, no broker): the headline rule alone and
 //!   with two more kinds, against (a1);
 //! - (c) the worker binary end to end (quorum queue, half dispatched and half denied), at its
@@ -47,7 +49,8 @@
 //! `cargo bench --bench perf -- [--decisions N] [--concurrency C] [--pipeline P] [--in-flight F]
 //! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]
 //! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]
-//! [--relay-shapes ROUNDS] [--decision-phases-only 1] [--end-to-end-only 1] [--latency-rate R]`
+//! [--relay-shapes ROUNDS] [--decision-phases-only 1] [--end-to-end-only 1] [--latency-rate R]
+//! [--relay-prefetch N]`
 //! (`--relay-shapes` runs only (a2) in every shape the relay can take, alternating, to choose
 //! the ceiling's, see `relay`; `--decision-phases-only` runs the warm-up, (a1) and (b) alone:
 //! no broker, no worker; `--end-to-end-only` runs (a2), (c) and (d) alone; `--latency-rate`

@@ -2,7 +2,8 @@
 //! sendquota code in the way, in several shapes, so that the ceiling is the fastest relay that
 //! can be written on lapin rather than one shaped like the worker.
 //!
-//! Every shape consumes the requests queue with prefetch 1000 and republishes every delivery to
+//! Every shape consumes the requests queue with prefetch 1000 (unless `--relay-prefetch` says
+//! otherwise) and republishes every delivery to
 //! the dispatch exchange (mandatory, publisher-confirmed, as the worker does), acking it once
 //! its confirm arrived. Shapes differ in the runtime (current-thread, or multi-thread with one
 //! or two worker threads), whether consuming and publishing share a connection, how acks are
@@ -23,7 +24,8 @@ use crate::queues::{
     connection_pair, consume_requests, poll_each, prefetching_channel, spawn_each, Runtime,
 };
 
-/// Prefetch of every relay shape. The worker of (c) runs at its own settings.
+/// Prefetch of every relay shape unless `--relay-prefetch` sets another. The worker of (c) runs
+/// at its own settings.
 pub const RELAY_PREFETCH: u16 = 1000;
 
 /// How acks are sent.
@@ -56,6 +58,8 @@ pub struct RelayShape {
     pub two_connections: bool,
     pub acks: Acks,
     pub confirms: Confirms,
+    /// The consumer's prefetch: the window of unacked deliveries the broker keeps full.
+    pub prefetch: u16,
 }
 
 impl RelayShape {
@@ -66,10 +70,19 @@ impl RelayShape {
         two_connections: false,
         acks: Acks::Coalesced,
         confirms: Confirms::EachTask,
+        prefetch: RELAY_PREFETCH,
     };
 
-    /// Every shape `--relay-shapes` compares.
-    pub fn all() -> Vec<RelayShape> {
+    /// [`RelayShape::CEILING`] consuming with `prefetch`.
+    pub fn ceiling_at(prefetch: u16) -> RelayShape {
+        RelayShape {
+            prefetch,
+            ..RelayShape::CEILING
+        }
+    }
+
+    /// Every shape `--relay-shapes` compares, each consuming with `prefetch`.
+    pub fn all(prefetch: u16) -> Vec<RelayShape> {
         let mut out = Vec::new();
         for runtime in [
             Runtime::CurrentThread,
@@ -84,6 +97,7 @@ impl RelayShape {
                             two_connections,
                             acks,
                             confirms,
+                            prefetch,
                         });
                     }
                 }
@@ -95,7 +109,8 @@ impl RelayShape {
     /// The shape in words, for the report.
     pub fn describe(&self) -> String {
         format!(
-            "{}, {}, {} acks, {}",
+            "prefetch {}, {}, {}, {} acks, {}",
+            self.prefetch,
             self.runtime.describe(),
             if self.two_connections {
                 "consume and publish on two connections"
@@ -118,7 +133,7 @@ impl RelayShape {
 /// open channels.
 pub async fn relay(shape: RelayShape, names: Names, n: usize) -> Duration {
     let (conn, publish_conn) = connection_pair("sendquota-perf-relay").await;
-    let consume = prefetching_channel(&conn, RELAY_PREFETCH).await;
+    let consume = prefetching_channel(&conn, shape.prefetch).await;
     let publishing = if shape.two_connections {
         &publish_conn
     } else {

@@ -40,9 +40,10 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
     let m = bench.args.messages;
     let bodies = bodies(m);
     let relay_env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+    let shape = RelayShape::ceiling_at(bench.args.relay_prefetch());
     let mut a2 = Tally::default();
     let (first_relay, returned_first, extra_first) =
-        relay_run(&relay_env, &bodies, procs, &mut a2, RelayShape::CEILING).await;
+        relay_run(&relay_env, &bodies, procs, &mut a2, shape).await;
     let mut c_tally = Tally::default();
     let first_worker = worker_run(&bodies, procs, &mut c_tally, worker).await;
     let mut floor = Tally::default();
@@ -51,7 +52,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
     let second_worker = worker_run(&bodies, procs, &mut c_tally, worker).await;
     let e2e = first_worker.merge(second_worker);
     let (second_relay, returned_second, extra_second) =
-        relay_run(&relay_env, &bodies, procs, &mut a2, RelayShape::CEILING).await;
+        relay_run(&relay_env, &bodies, procs, &mut a2, shape).await;
     if returned_first + returned_second + extra_first + extra_second > 0 {
         report.note(format!(
             "(a2) after each relay acked all {m} deliveries and closed its channel, the broker \
@@ -76,7 +77,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
         None,
         &format!(
             "runs before/after (c): {first_relay:.0} / {second_relay:.0} msgs/s; {}",
-            RelayShape::CEILING.describe()
+            shape.describe()
         ),
         None,
     );
@@ -436,7 +437,7 @@ async fn worker_run(
 /// `--relay-shapes ROUNDS`: (a2) in every [`RelayShape`], `rounds` alternating rounds, each
 /// shape's rates and median printed: how [`RelayShape::CEILING`] was chosen.
 pub async fn compare_relay_shapes(bench: &Bench, rounds: usize) {
-    let shapes = RelayShape::all();
+    let shapes = RelayShape::all(bench.args.relay_prefetch());
     let bodies = bodies(bench.args.messages);
     let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
     let mut rates = vec![Vec::new(); shapes.len()];

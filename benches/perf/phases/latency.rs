@@ -38,7 +38,8 @@ pub async fn run(
 ) {
     let (procs, seconds) = (&bench.procs, bench.args.latency_seconds);
     let mut g_relay = Tally::default();
-    let floor = latency_run(Hop::Relay, rate, seconds, procs, &mut g_relay).await;
+    let shape = RelayShape::ceiling_at(bench.args.relay_prefetch());
+    let floor = latency_run(Hop::Relay(shape), rate, seconds, procs, &mut g_relay).await;
     report.cpu(procs, "g relay at half (c)'s rate, paced", &g_relay);
     let mut g = Tally::default();
     let hop = Hop::Worker(worker);
@@ -101,8 +102,8 @@ enum Hop<'a> {
     /// The worker binary.
     Worker(&'a WorkerChoice),
     /// The no-work relay of (a2), in this process: the broker's and the client's share of the
-    /// latency, the floor under the worker's.
-    Relay,
+    /// latency, the floor under the worker's; in (a2)'s shape, at `--relay-prefetch`.
+    Relay(RelayShape),
 }
 
 /// (g) once: `hop` on a fresh namespace, requests published at `rate` msgs/s (paced every
@@ -125,8 +126,7 @@ async fn latency_run(
     let arrivals = sink_latencies(&env, origin, total).await;
     let (process, relaying) = match hop {
         Hop::Worker(worker) => (Some(worker.start(&env).await.0), None),
-        Hop::Relay => {
-            let shape = RelayShape::CEILING;
+        Hop::Relay(shape) => {
             let relaying = on_runtime(shape.runtime, relay(shape, env.names.clone(), total));
             (None, Some(tokio::spawn(relaying)))
         }
