@@ -3,12 +3,12 @@
 //! can be written on lapin rather than one shaped like the worker.
 //!
 //! Every shape consumes the requests queue with prefetch 1000 (unless `--relay-prefetch` says
-//! otherwise) and republishes every delivery to
-//! the dispatch exchange (mandatory, publisher-confirmed, as the worker does), acking it once
-//! its confirm arrived. Shapes differ in the runtime (current-thread, or multi-thread with one
-//! or two worker threads), whether consuming and publishing share a connection, how acks are
-//! sent (one per delivery, or coalesced into `multiple` acks of every delivery confirmed so
-//! far) and where confirms are awaited (a task per delivery, or all on the consuming task).
+//! otherwise) and republishes every delivery to the dispatch exchange (mandatory,
+//! publisher-confirmed, as the worker does), acking it once its confirm arrived. Shapes differ
+//! in the runtime (current-thread, or multi-thread with one or two worker threads), whether
+//! consuming and publishing share a connection, how acks are sent (one per delivery, or
+//! coalesced into `multiple` acks of every delivery confirmed so far) and where confirms are
+//! awaited (a task per delivery, or all on the consuming task).
 //! `--relay-shapes` runs them all in alternating rounds and prints each one's rate; (a2) uses
 //! [`RelayShape::CEILING`], the one that measured fastest (docs/performance.md).
 
