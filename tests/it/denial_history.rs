@@ -6,7 +6,7 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use sendquota::internals::denials::{DenialFilter, DenialRow, DenialStore};
+use sendquota::internals::denials::{DenialFilter, DenialRow, DenialStore, MIGRATOR};
 use support::TestEnv;
 
 async fn partitions(env: &TestEnv) -> Vec<String> {
@@ -325,5 +325,29 @@ async fn two_recipients_denied_under_the_same_message_id_get_a_row_each() {
     assert!(
         env.take_dispatched().await.is_empty(),
         "neither is dispatched"
+    );
+}
+
+/// The build embeds every migration in `migrations/`, and no other: `sqlx::migrate!` reads the
+/// directory when the crate compiles, and a build that missed a file added since (cargo did not
+/// know the macro read the directory until build.rs said so) starts without it and never
+/// creates what it adds.
+#[test]
+fn the_embedded_migrations_are_the_files_in_migrations() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let on_disk: std::collections::BTreeSet<i64> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").file_name())
+        .filter_map(|name| {
+            let name = name.to_str()?.to_owned();
+            let version = name.strip_suffix(".sql")?.split_once('_')?.0.parse().ok()?;
+            Some(version)
+        })
+        .collect();
+    let embedded: std::collections::BTreeSet<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    assert!(!on_disk.is_empty(), "no migrations in {}", dir.display());
+    assert_eq!(
+        embedded, on_disk,
+        "embedded migrations against the files on disk"
     );
 }
