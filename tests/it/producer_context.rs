@@ -8,6 +8,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
+use lapin::options::QueueDeleteOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use sendquota::clock::ManualClock;
@@ -179,5 +180,10 @@ async fn a_quarantined_message_keeps_the_producers_context_through_its_replay() 
     );
     assert_eq!(run.code, Some(0), "{run:?}");
     let again = first_in(&env, &replayed).await;
+    // The harness deletes its own queues only: this one would outlive the run.
+    env.channel
+        .queue_delete(replayed.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the replay sink");
     assert_carried(&again.delivery.properties, "quarantine replay");
 }
