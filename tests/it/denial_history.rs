@@ -3,6 +3,8 @@
 
 use crate::support;
 
+use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -334,17 +336,16 @@ async fn two_recipients_denied_under_the_same_message_id_get_a_row_each() {
 /// creates what it adds.
 #[test]
 fn the_embedded_migrations_are_the_files_in_migrations() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-    let on_disk: std::collections::BTreeSet<i64> = std::fs::read_dir(&dir)
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let on_disk: BTreeSet<i64> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| entry.expect("directory entry").file_name())
         .filter_map(|name| {
             let name = name.to_str()?.to_owned();
-            let version = name.strip_suffix(".sql")?.split_once('_')?.0.parse().ok()?;
-            Some(version)
+            name.strip_suffix(".sql")?.split_once('_')?.0.parse().ok()
         })
         .collect();
-    let embedded: std::collections::BTreeSet<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    let embedded: BTreeSet<i64> = MIGRATOR.iter().map(|m| m.version).collect();
     assert!(!on_disk.is_empty(), "no migrations in {}", dir.display());
     assert_eq!(
         embedded, on_disk,

@@ -8,7 +8,6 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use lapin::options::QueueDeleteOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use sendquota::clock::ManualClock;
@@ -171,8 +170,7 @@ async fn a_quarantined_message_keeps_the_producers_context_through_its_replay() 
         )
         .await
         .expect("back to quarantine");
-    let replayed = format!("{}.test.replayed", env.namespace);
-    support::declare_sink(&env.channel, &replayed, &env.names.requests).await;
+    let replayed = env.sink("replayed", &env.names.requests).await;
     let run = support::process::run_for(
         env.cli(&["quarantine", "replay"]),
         None,
@@ -180,10 +178,5 @@ async fn a_quarantined_message_keeps_the_producers_context_through_its_replay() 
     );
     assert_eq!(run.code, Some(0), "{run:?}");
     let again = first_in(&env, &replayed).await;
-    // The harness deletes its own queues only: this one would outlive the run.
-    env.channel
-        .queue_delete(replayed.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .expect("delete the replay sink");
     assert_carried(&again.delivery.properties, "quarantine replay");
 }

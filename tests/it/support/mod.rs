@@ -134,7 +134,7 @@ pub struct TestEnv {
     worker_stop: Option<oneshot::Sender<()>>,
     worker_task: Option<tokio::task::JoinHandle<()>>,
     /// Declared last so it drops last: removes the namespace's queues, keys and database.
-    _cleanup: Cleanup,
+    cleanup: Cleanup,
 }
 
 /// Removes everything a test made on the shared services when dropped, even while panicking.
@@ -142,6 +142,8 @@ pub struct Cleanup {
     namespace: String,
     database: String,
     cluster: bool,
+    /// The sink queues [`TestEnv::sink`] declared: queues the worker's topology does not name.
+    sinks: std::sync::Mutex<Vec<String>>,
 }
 
 impl TestEnv {
@@ -179,6 +181,7 @@ impl TestEnv {
             namespace: namespace.clone(),
             database: database.clone(),
             cluster,
+            sinks: std::sync::Mutex::new(Vec::new()),
         };
         let admin = PgPoolOptions::new()
             .max_connections(1)
@@ -248,6 +251,7 @@ impl TestEnv {
             .expect("declare topology");
         let dispatched_queue = format!("{namespace}.test.dispatched");
         declare_sink(&channel, &dispatched_queue, &names.dispatch).await;
+        guard.owns_sink(&dispatched_queue);
         TestEnv {
             namespace,
             database_url,
@@ -262,8 +266,17 @@ impl TestEnv {
             dispatched_queue,
             worker_stop: None,
             worker_task: None,
-            _cleanup: guard,
+            cleanup: guard,
         }
+    }
+
+    /// Declares `<namespace>.test.<name>`, bound to `exchange` with `#`, and deletes it with the
+    /// rest of the namespace: a queue for what the test reads besides the dispatched messages.
+    pub async fn sink(&self, name: &str, exchange: &str) -> String {
+        let queue = format!("{}.test.{name}", self.namespace);
+        declare_sink(&self.channel, &queue, exchange).await;
+        self.cleanup.owns_sink(&queue);
+        queue
     }
 
     /// Starts the worker in this process with `clock`.
@@ -666,13 +679,21 @@ fn cli_config_path(namespace: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{namespace}.toml"))
 }
 
+impl Cleanup {
+    /// `queue` is deleted with the namespace.
+    fn owns_sink(&self, queue: &str) {
+        let mut sinks = self.sinks.lock().unwrap_or_else(|e| e.into_inner());
+        sinks.push(queue.to_owned());
+    }
+}
+
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(cli_config_path(&self.namespace));
         let namespace = self.namespace.clone();
         let database = self.database.clone();
         let names = Names::new(&namespace);
-        let dispatched = format!("{namespace}.test.dispatched");
+        let sinks = std::mem::take(self.sinks.get_mut().unwrap_or_else(|e| e.into_inner()));
         let cluster = self.cluster;
         // Cleanup needs async I/O but Drop is sync (and may run while panicking): do it on a
         // thread with its own runtime and wait for it.
@@ -681,7 +702,7 @@ impl Drop for Cleanup {
                 .enable_all()
                 .build()
                 .expect("cleanup runtime");
-            rt.block_on(cleanup(namespace, database, names, dispatched, cluster));
+            rt.block_on(cleanup(namespace, database, names, sinks, cluster));
         });
         let _ = cleanup.join();
     }
@@ -691,7 +712,7 @@ async fn cleanup(
     namespace: String,
     database: String,
     names: Names,
-    dispatched: String,
+    sinks: Vec<String>,
     cluster: bool,
 ) {
     if let Ok(conn) = lapin_connect("sendquota-test-cleanup").await {
@@ -700,8 +721,8 @@ async fn cleanup(
                 names.requests.clone(),
                 names.invalid.clone(),
                 names.quarantine.clone(),
-                dispatched,
             ];
+            queues.extend(sinks);
             queues.extend(DELAY_TIERS_MS.iter().map(|t| names.delay_queue(*t)));
             for q in queues {
                 let _ = ch
