@@ -27,6 +27,11 @@ pub enum Failpoint {
     /// items are bound to it), Redis after a digest's publish (its dispatch marks). What a
     /// service failing between two steps leaves must be retried, never let out.
     FailAfterDecision,
+    /// Every refund made while quarantining a message to a recipient whose name starts with
+    /// `gone-` fails as if Redis went away: a service failing between the steps of a
+    /// quarantine must neither leave a copy in the quarantine queue nor keep what the message
+    /// took.
+    FailQuarantineRefund,
 }
 
 /// How long [`Failpoint::SlowIds`] holds each attempt: far longer than healing the topology
@@ -75,6 +80,7 @@ pub fn parse(value: &str) -> Result<Failpoint, String> {
         "fail-stuck-ids" => Ok(Failpoint::FailStuckIds),
         "slow-ids" => Ok(Failpoint::SlowIds),
         "fail-after-decision" => Ok(Failpoint::FailAfterDecision),
+        "fail-quarantine-refund" => Ok(Failpoint::FailQuarantineRefund),
         other => Err(format!("unknown SENDQUOTA_FAILPOINT {other:?}")),
     }
 }

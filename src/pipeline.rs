@@ -434,10 +434,15 @@ impl Pipeline {
     }
 
     /// Moves a message a service refuses for good to the quarantine queue, with `poison` in its
-    /// headers, and gives back whatever it took: the quota of every rule (a shadow rule's
-    /// denial row is written before the dispatch) and its in-flight claim. The caller acks it.
-    /// `message` is the body as the worker decoded it on delivery (`None` when it is no
-    /// request).
+    /// headers, having first given back whatever it took: the quota of every rule (a shadow
+    /// rule's denial row is written before the dispatch) and its in-flight claim. The caller
+    /// acks it. `message` is the body as the worker decoded it on delivery (`None` when it is
+    /// no request).
+    ///
+    /// The refund comes first because it can be repeated and a publish cannot: when either
+    /// fails the delivery is retried whole, so a publish followed by a failed refund left a
+    /// copy in the quarantine queue for every attempt. A refund followed by a failed publish
+    /// leaves nothing: the retry decides the message again, taking and giving back its quota.
     pub async fn quarantine(
         &self,
         publisher: &Publisher,
@@ -447,6 +452,25 @@ impl Pipeline {
         claim: &Claim,
         poison: &Poison,
     ) -> Result<(), HandleError> {
+        if let Some(message) = message {
+            if failpoint::armed(self.failpoint, Failpoint::FailQuarantineRefund)
+                && message
+                    .recipient
+                    .starts_with(failpoint::FAILING_RECIPIENT_PREFIX)
+            {
+                return Err(HandleError::Redis(
+                    failpoint::gone("fail-quarantine-refund").into(),
+                ));
+            }
+            self.limiter
+                .refund(
+                    &self.rules.current().policy,
+                    message,
+                    self.clock.now(),
+                    claim,
+                )
+                .await?;
+        }
         let id = match message {
             Some(m) => Some(m.id.as_str()),
             None => properties.message_id().as_ref().map(|s| s.as_str()),
@@ -468,16 +492,6 @@ impl Pipeline {
         publisher
             .publish("", &self.names.quarantine, body, props)
             .await?;
-        if let Some(message) = message {
-            self.limiter
-                .refund(
-                    &self.rules.current().policy,
-                    message,
-                    self.clock.now(),
-                    claim,
-                )
-                .await?;
-        }
         metrics::counter!(telemetry::QUARANTINED).increment(1);
         tracing::error!(message_id = ?id, reason = %poison.reason, attempts = poison.attempts,
             queue = %self.names.quarantine, "message quarantined");

@@ -12,8 +12,10 @@
 //! tail, and a run that went on until the queue was empty would replay its own replays until
 //! its limit.
 
+use std::time::Duration;
+
 use lapin::options::{BasicAckOptions, BasicGetOptions};
-use lapin::Channel;
+use lapin::{Channel, Connection};
 use serde::Serialize;
 
 use crate::broker::{self, timed, BrokerError, Names, Publisher};
@@ -74,8 +76,8 @@ async fn next(
 }
 
 /// Up to `limit` quarantined messages, oldest first, left in the queue: they are taken unacked
-/// on `channel`, which the caller closes to give them back.
-pub async fn list(
+/// on `channel`, which the caller gives back with [`give_back`].
+async fn list(
     channel: &Channel,
     names: &Names,
     limit: usize,
@@ -112,19 +114,19 @@ pub enum Which {
 
 /// Publishes the quarantined messages `which` names back to the requests exchange, each
 /// recorded in `quarantine_replays` (with `actor`) and then acked off the quarantine queue;
-/// returns how many. Only as many messages as the queue held when it started are looked at:
-/// the queue is first in, first out and quarantined-again replays join its tail, so those are
-/// the messages it held, each taken once (two copies of one message, a producer's retry, are
-/// two messages). Messages looked at but not replayed stay unacked on `channel`, which the
-/// caller closes to give them back.
-pub async fn replay(
+/// returns how many, and how many of the messages the queue held it left there. Only as many
+/// messages as the queue held when it started are looked at: the queue is first in, first out
+/// and quarantined-again replays join its tail, so those are the messages it held, each taken
+/// once (two copies of one message, a producer's retry, are two messages). Messages looked at
+/// but not replayed stay unacked on `channel`, which the caller gives back with [`give_back`].
+async fn replay(
     channel: &Channel,
     publisher: &Publisher,
     names: &Names,
     store: &DenialStore,
     which: &Which,
     actor: &str,
-) -> Result<usize, QuarantineError> {
+) -> Result<(usize, u32), QuarantineError> {
     let held = broker::ready_count(channel, &names.quarantine).await? as usize;
     let wanted = match which {
         Which::All { limit } => (*limit).min(held),
@@ -161,7 +163,33 @@ pub async fn replay(
         .await?;
         replayed += 1;
     }
-    Ok(replayed)
+    Ok((replayed, (held - replayed) as u32))
+}
+
+/// How long [`give_back`] waits for the messages to be ready again.
+const GIVE_BACK_WAIT: Duration = Duration::from_secs(2);
+
+/// Closes `channel`, which gives back the messages taken unacked on it, and waits (on a new
+/// channel of `connection`) until the quarantine queue holds `expected` ready messages again.
+/// The broker answers the close before it has requeued them, so without the wait a count or a
+/// replay right after a listing (the console's page, then its replay button) missed them.
+/// Gives up waiting after [`GIVE_BACK_WAIT`]: another client taking messages meanwhile leaves
+/// fewer, and the messages are back either way.
+async fn give_back(
+    connection: &Connection,
+    channel: Channel,
+    names: &Names,
+    expected: u32,
+) -> Result<(), BrokerError> {
+    timed("channel.close", channel.close(200, "done".into())).await?;
+    let waiting = timed("channel.open", connection.create_channel()).await?;
+    let until = tokio::time::Instant::now() + GIVE_BACK_WAIT;
+    while broker::ready_count(&waiting, &names.quarantine).await? < expected
+        && tokio::time::Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
 }
 
 /// [`list`] on a connection of its own (named `role`), closed afterwards: what the
@@ -175,10 +203,13 @@ pub async fn list_held(
     let connection = broker::connect(settings, role).await?;
     let listed = async {
         let channel = timed("channel.open", connection.create_channel()).await?;
-        list(&channel, names, limit).await
+        let held = broker::ready_count(&channel, &names.quarantine).await?;
+        let listed = list(&channel, names, limit).await?;
+        give_back(&connection, channel, names, held).await?;
+        Ok(listed)
     }
     .await;
-    // Closing the connection gives the listed messages back to the queue.
+    // Closing the connection gives the listed messages back to the queue if they were not.
     let _ = connection.close(200, "done".into()).await;
     listed
 }
@@ -196,7 +227,9 @@ pub async fn replay_held(
     let (connection, publisher) = broker::open_publisher(settings, names, role).await?;
     let replayed = async {
         let channel = timed("channel.open", connection.create_channel()).await?;
-        replay(&channel, &publisher, names, store, which, actor).await
+        let (replayed, left) = replay(&channel, &publisher, names, store, which, actor).await?;
+        give_back(&connection, channel, names, left).await?;
+        Ok(replayed)
     }
     .await;
     let _ = connection.close(200, "done".into()).await;

@@ -11,6 +11,8 @@ use lapin::types::FieldTable;
 use sendquota::clock::ManualClock;
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::broker;
+use sendquota::internals::denials::DenialStore;
+use sendquota::internals::quarantine::{self, Which};
 use support::{local, request, TestEnv};
 
 #[tokio::test]
@@ -213,18 +215,7 @@ async fn a_quarantine_replay_takes_each_message_the_queue_held_at_its_start_once
     // The last is a second copy of the first (a producer's retry, quarantined twice): two
     // messages, both replayed.
     for i in (0..HELD - 1).chain([0]) {
-        let id = format!("q{i}");
-        let body = request(&id, "picky", "UTC").to_string();
-        let headers = [(broker::QUARANTINE_REASON_HEADER, "picky refuses".to_owned())];
-        env.publisher
-            .publish(
-                "",
-                &env.names.quarantine,
-                body.as_bytes(),
-                broker::json_properties(Some(&id), &headers),
-            )
-            .await
-            .expect("quarantine a message");
+        quarantine_picky(&env, &format!("q{i}")).await;
     }
     env.channel
         .queue_bind(
@@ -253,6 +244,99 @@ async fn a_quarantine_replay_takes_each_message_the_queue_held_at_its_start_once
         HELD as u32,
         "each replayed once, back in quarantine"
     );
+}
+
+/// Quarantining a message gives back what it took before publishing it to the quarantine
+/// queue: while Redis fails between the two steps (here the `fail-quarantine-refund`
+/// failpoint, for `gone-` recipients, every time) no copy is published, and once Redis
+/// answers the message is quarantined once. Published first, each failed refund left a copy
+/// in the queue and the retry published another.
+#[tokio::test]
+async fn a_quarantine_whose_refund_fails_leaves_no_copy_and_is_quarantined_once_later() {
+    let mut env = TestEnv::new().await;
+    env.refuse_denials_to("gone-picky").await;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker_with(&clock, Some(Failpoint::FailQuarantineRefund));
+    let mut seen = HashMap::new();
+    env.publish(&request("g1", "gone-picky", "UTC")).await;
+    assert!(env.outcome("g1", &mut seen).await, "g1 uses the day");
+    env.publish(&request("g2", "gone-picky", "UTC")).await;
+    // Retries start at 20 ms and double up to 500 ms: three refusals, then several attempts
+    // at quarantining it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        env.ready(&env.names.quarantine).await,
+        0,
+        "no copy while the refund fails"
+    );
+    env.stop_worker().await;
+
+    env.start_worker(&clock);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while env.ready(&env.names.quarantine).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "g2 quarantined");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.stop_worker().await;
+    let held: Vec<_> = env
+        .drain(&env.names.quarantine)
+        .await
+        .iter()
+        .map(|m| {
+            m.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.to_string())
+        })
+        .collect();
+    assert_eq!(held, vec![Some("g2".to_owned())], "quarantined once");
+}
+
+/// A listing or a replay returns once the messages it looked at and gave back are ready in the
+/// quarantine queue again. The broker requeues a closed channel's unacked messages after it
+/// has answered the close: a count right after the command (an operator's, the console's
+/// next page, a replay) found fewer messages than the queue held, one round in ten here.
+#[tokio::test]
+async fn a_listing_or_a_replay_returns_with_what_it_gave_back_ready_again() {
+    const ROUNDS: usize = 60;
+    let env = TestEnv::new().await;
+    let store = DenialStore::from_pool(env.pool.clone());
+    for round in 0..ROUNDS {
+        for id in ["first", "second"] {
+            quarantine_picky(&env, id).await;
+        }
+        let listed = quarantine::list_held(&env.settings.amqp, &env.names, "test", 10)
+            .await
+            .expect("list the quarantine");
+        assert_eq!(listed.len(), 2, "round {round}: both listed");
+        assert_eq!(
+            env.ready(&env.names.quarantine).await,
+            2,
+            "round {round}: both are back after the listing"
+        );
+        let which = Which::One {
+            message_id: "second".to_owned(),
+        };
+        let replayed = quarantine::replay_held(
+            &env.settings.amqp,
+            &env.names,
+            &store,
+            &which,
+            "test",
+            "test",
+        )
+        .await
+        .expect("replay");
+        assert_eq!(replayed, 1, "round {round}: the second is replayed");
+        assert_eq!(
+            env.ready(&env.names.quarantine).await,
+            1,
+            "round {round}: the first, looked at and not replayed, is back"
+        );
+        env.drain(&env.names.quarantine).await;
+    }
 }
 
 /// Messages that keep failing while others go through (here every attempt at a `stuck-` id
@@ -300,6 +384,22 @@ async fn messages_that_keep_failing_yield_their_slots_to_the_others() {
     let twice: Vec<_> = seen.iter().filter(|(_, &n)| n != 1).collect();
     assert!(twice.is_empty(), "dispatched more than once: {twice:?}");
     assert_eq!(seen.len(), STUCK + GOOD);
+}
+
+/// Puts a request `id` to picky in `env`'s quarantine queue, as the worker does when Postgres
+/// refuses picky's denial rows.
+async fn quarantine_picky(env: &TestEnv, id: &str) {
+    let body = request(id, "picky", "UTC").to_string();
+    let headers = [(broker::QUARANTINE_REASON_HEADER, "picky refuses".to_owned())];
+    env.publisher
+        .publish(
+            "",
+            &env.names.quarantine,
+            body.as_bytes(),
+            broker::json_properties(Some(id), &headers),
+        )
+        .await
+        .expect("quarantine a message");
 }
 
 /// Runs `sendquota quarantine replay` for `env`, which must say it replayed `expected`
