@@ -330,7 +330,11 @@ async fn an_operator_looks_filters_resets_and_replays_in_the_browser() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(env.ready(&env.names.quarantine).await, 1, "p1 stays held");
+    assert_eq!(
+        env.quarantined().await,
+        vec![Some("p1".to_owned())],
+        "p1 stays held, alone"
+    );
 
     // Rules: the running policy, and each rule's verdicts and shadow refusals.
     browser.open(&format!("{base}/ui/rules")).await;

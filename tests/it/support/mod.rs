@@ -401,6 +401,20 @@ impl TestEnv {
             .expect("bind the sender queue");
     }
 
+    /// The message ids in the quarantine queue, oldest first, left there (as `sendquota
+    /// quarantine list` shows them).
+    pub async fn quarantined(&self) -> Vec<Option<String>> {
+        let listed = sendquota::internals::quarantine::list_held(
+            &self.settings.amqp,
+            &self.names,
+            "sendquota-test",
+            1_000,
+        )
+        .await
+        .expect("list the quarantine");
+        listed.into_iter().map(|q| q.message_id).collect()
+    }
+
     /// Messages ready (not counting deliveries in progress) in `queue`.
     pub async fn ready(&self, queue: &str) -> u32 {
         let passive = lapin::options::QueueDeclareOptions {
