@@ -171,10 +171,10 @@ const GIVE_BACK_WAIT: Duration = Duration::from_secs(2);
 
 /// Closes `channel`, which gives back the messages taken unacked on it, and waits (on a new
 /// channel of `connection`) until the quarantine queue holds `expected` ready messages again.
-/// The broker answers the close before it has requeued them, so without the wait a count or a
-/// replay right after a listing (the console's page, then its replay button) missed them.
-/// Gives up waiting after [`GIVE_BACK_WAIT`]: another client taking messages meanwhile leaves
-/// fewer, and the messages are back either way.
+/// The broker answers the close before it has requeued them, so without the wait a count right
+/// after the command (an operator's, or the next listing's) could miss them. Gives up waiting
+/// after [`GIVE_BACK_WAIT`]: another client taking messages meanwhile leaves fewer, and the
+/// messages come back either way.
 async fn give_back(
     connection: &Connection,
     channel: Channel,

@@ -288,8 +288,8 @@ async fn a_quarantine_whose_refund_fails_leaves_no_copy_and_is_quarantined_once_
 
 /// A listing or a replay returns once the messages it looked at and gave back are ready in the
 /// quarantine queue again. The broker requeues a closed channel's unacked messages after it
-/// has answered the close: a count right after the command (an operator's, the console's
-/// next page, a replay) found fewer messages than the queue held (without the wait this test
+/// has answered the close: a count right after the command (an operator's, or the next
+/// listing's) found fewer messages than the queue held (without the wait this test
 /// failed in its first round, in both runs).
 #[tokio::test]
 async fn a_listing_or_a_replay_returns_with_what_it_gave_back_ready_again() {
