@@ -192,8 +192,8 @@ async fn give_back(
     Ok(())
 }
 
-/// [`list`] on a connection of its own (named `role`), closed afterwards: what the
-/// `quarantine list` command and the console show.
+/// The oldest `limit` quarantined messages, read on a connection of its own (named `role`) and
+/// given back before it is closed: what the `quarantine list` command and the console show.
 pub async fn list_held(
     settings: &AmqpSettings,
     names: &Names,
@@ -214,8 +214,8 @@ pub async fn list_held(
     listed
 }
 
-/// [`replay`] on a connection of its own (named `role`), closed afterwards: what the
-/// `quarantine replay` command and the console do.
+/// Replays the quarantined messages `which` names (see `replay`) on a connection of its own
+/// (named `role`), closed afterwards: what the `quarantine replay` command and the console do.
 pub async fn replay_held(
     settings: &AmqpSettings,
     names: &Names,
