@@ -144,6 +144,7 @@ async fn consume(
     let mut blocked = publisher.blocked().clone();
     health.set_blocked(blocked.borrow_and_update().clone());
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
+    let prefetch = usize::from(settings.amqp.prefetch);
     let sequence = Sequence::new();
     let unrouted = Arc::new(Unrouted::default());
     let (settler, settling) = Settler::spawn(channel.clone());
@@ -166,8 +167,12 @@ async fn consume(
                 }
             }
             _ = watchdog.tick() => {
-                // Idle is fine when every slot is busy or the broker blocks publishing.
-                if !delivered && !paused && slots.available_permits() > 0 {
+                // Idle is fine when the broker blocks publishing, or when the deliveries in
+                // flight fill every slot or the prefetch window (the broker hands over no
+                // more until some are acked): a window full of slow deliveries is no stall.
+                let in_flight = settings.worker.concurrency - slots.available_permits();
+                let room = in_flight < settings.worker.concurrency.min(prefetch);
+                if !delivered && !paused && room {
                     if let Err(e) = check_not_stalled(&channel, &pipeline.names.requests).await {
                         break Err(e);
                     }

@@ -51,6 +51,39 @@ async fn the_watchdog_restarts_a_consumer_that_silently_stopped() {
     env.stop_worker().await;
 }
 
+/// A consumer whose prefetch window is full of deliveries still being worked on is handed
+/// nothing more, and that is no stall. With a prefetch below the concurrency (a bound on the
+/// worker's memory an operator may choose) and deliveries held longer than the watchdog's
+/// interval (here `slow-` ids, held `SLOW_IDS_HOLD` each), the watchdog saw free slots,
+/// messages ready and nothing delivered, and restarted the session: the slow deliveries went
+/// back to the queue unfinished, came back first, and the next session did the same, so
+/// nothing was ever decided.
+#[tokio::test]
+async fn a_prefetch_window_full_of_slow_deliveries_is_not_taken_for_a_stall() {
+    let mut env = TestEnv::new().await;
+    env.settings.worker.watchdog_interval_ms = 300;
+    env.settings.amqp.prefetch = 2;
+    assert!(usize::from(env.settings.amqp.prefetch) < env.settings.worker.concurrency);
+    let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
+    env.start_worker_with(&clock, Some(Failpoint::SlowIds));
+    let ids = ["slow-0", "slow-1", "m0", "m1"];
+    for (i, id) in ids.iter().enumerate() {
+        env.publish(&request(id, &format!("user-{i}"), "UTC")).await;
+    }
+    let mut seen = HashMap::new();
+    for id in ids {
+        env.dispatched(id, &mut seen).await;
+    }
+    env.stop_worker().await;
+    for id in env.take_dispatched().await {
+        *seen.entry(id).or_default() += 1;
+    }
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "each dispatched once: {seen:?}"
+    );
+}
+
 async fn queued(env: &TestEnv) -> u32 {
     env.channel
         .queue_declare(
