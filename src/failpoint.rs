@@ -103,6 +103,10 @@ mod tests {
             parse("fail-after-decision"),
             Ok(Failpoint::FailAfterDecision)
         );
+        assert_eq!(
+            parse("fail-quarantine-refund"),
+            Ok(Failpoint::FailQuarantineRefund)
+        );
         assert!(parse("nope").is_err());
         assert!(armed(
             Some(Failpoint::FailStuckIds),

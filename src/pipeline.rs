@@ -453,23 +453,7 @@ impl Pipeline {
         poison: &Poison,
     ) -> Result<(), HandleError> {
         if let Some(message) = message {
-            if failpoint::armed(self.failpoint, Failpoint::FailQuarantineRefund)
-                && message
-                    .recipient
-                    .starts_with(failpoint::FAILING_RECIPIENT_PREFIX)
-            {
-                return Err(HandleError::Redis(
-                    failpoint::gone("fail-quarantine-refund").into(),
-                ));
-            }
-            self.limiter
-                .refund(
-                    &self.rules.current().policy,
-                    message,
-                    self.clock.now(),
-                    claim,
-                )
-                .await?;
+            self.refund_poison(message, claim).await?;
         }
         let id = match message {
             Some(m) => Some(m.id.as_str()),
@@ -495,6 +479,25 @@ impl Pipeline {
         metrics::counter!(telemetry::QUARANTINED).increment(1);
         tracing::error!(message_id = ?id, reason = %poison.reason, attempts = poison.attempts,
             queue = %self.names.quarantine, "message quarantined");
+        Ok(())
+    }
+
+    /// Gives back what a message about to be quarantined took: every rule's quota and its
+    /// in-flight claim.
+    async fn refund_poison(&self, message: &SendRequest, claim: &Claim) -> Result<(), HandleError> {
+        if failpoint::armed(self.failpoint, Failpoint::FailQuarantineRefund)
+            && message
+                .recipient
+                .starts_with(failpoint::FAILING_RECIPIENT_PREFIX)
+        {
+            return Err(HandleError::Redis(
+                failpoint::gone("fail-quarantine-refund").into(),
+            ));
+        }
+        let policy = &self.rules.current().policy;
+        self.limiter
+            .refund(policy, message, self.clock.now(), claim)
+            .await?;
         Ok(())
     }
 

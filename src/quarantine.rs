@@ -172,24 +172,27 @@ const GIVE_BACK_WAIT: Duration = Duration::from_secs(2);
 /// Closes `channel`, which gives back the messages taken unacked on it, and waits (on a new
 /// channel of `connection`) until the quarantine queue holds `expected` ready messages again.
 /// The broker answers the close before it has requeued them, so without the wait a count right
-/// after the command (an operator's, or the next listing's) could miss them. Gives up waiting
-/// after [`GIVE_BACK_WAIT`]: another client taking messages meanwhile leaves fewer, and the
-/// messages come back either way.
-async fn give_back(
-    connection: &Connection,
-    channel: Channel,
-    names: &Names,
-    expected: u32,
-) -> Result<(), BrokerError> {
-    timed("channel.close", channel.close(200, "done".into())).await?;
-    let waiting = timed("channel.open", connection.create_channel()).await?;
-    let until = tokio::time::Instant::now() + GIVE_BACK_WAIT;
-    while broker::ready_count(&waiting, &names.quarantine).await? < expected
-        && tokio::time::Instant::now() < until
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+/// after the command (an operator's, or the next listing's) could miss them. The wait is a
+/// best effort: messages quarantined meanwhile count too, and it gives up after
+/// [`GIVE_BACK_WAIT`] (another client taking messages meanwhile leaves fewer); the messages
+/// come back either way. A broker failure here is logged, not returned: what the command did
+/// (messages replayed, recorded and acked) stands, and closing the connection gives the
+/// messages back as well.
+async fn give_back(connection: &Connection, channel: Channel, names: &Names, expected: u32) {
+    let waited = async {
+        timed("channel.close", channel.close(200, "done".into())).await?;
+        let waiting = timed("channel.open", connection.create_channel()).await?;
+        let until = tokio::time::Instant::now() + GIVE_BACK_WAIT;
+        while broker::ready_count(&waiting, &names.quarantine).await? < expected
+            && tokio::time::Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok::<_, BrokerError>(())
+    };
+    if let Err(e) = waited.await {
+        tracing::warn!(error = %e, "quarantined messages given back without waiting for them");
     }
-    Ok(())
 }
 
 /// The oldest `limit` quarantined messages, read on a connection of its own (named `role`) and
@@ -205,7 +208,7 @@ pub async fn list_held(
         let channel = timed("channel.open", connection.create_channel()).await?;
         let held = broker::ready_count(&channel, &names.quarantine).await?;
         let listed = list(&channel, names, limit).await?;
-        give_back(&connection, channel, names, held).await?;
+        give_back(&connection, channel, names, held).await;
         Ok(listed)
     }
     .await;
@@ -228,7 +231,7 @@ pub async fn replay_held(
     let replayed = async {
         let channel = timed("channel.open", connection.create_channel()).await?;
         let (replayed, left) = replay(&channel, &publisher, names, store, which, actor).await?;
-        give_back(&connection, channel, names, left).await?;
+        give_back(&connection, channel, names, left).await;
         Ok(replayed)
     }
     .await;
