@@ -144,7 +144,12 @@ async fn consume(
     let mut blocked = publisher.blocked().clone();
     health.set_blocked(blocked.borrow_and_update().clone());
     let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
-    let prefetch = usize::from(settings.amqp.prefetch);
+    // The most deliveries the session can have in flight: the broker hands over no more
+    // until some are acked, and no task runs without a slot.
+    let window = settings
+        .worker
+        .concurrency
+        .min(usize::from(settings.amqp.prefetch));
     let sequence = Sequence::new();
     let unrouted = Arc::new(Unrouted::default());
     let (settler, settling) = Settler::spawn(channel.clone());
@@ -168,11 +173,9 @@ async fn consume(
             }
             _ = watchdog.tick() => {
                 // Idle is fine when the broker blocks publishing, or when the deliveries in
-                // flight fill every slot or the prefetch window (the broker hands over no
-                // more until some are acked): a window full of slow deliveries is no stall.
+                // flight fill the window: a window full of slow deliveries is no stall.
                 let in_flight = settings.worker.concurrency - slots.available_permits();
-                let room = in_flight < settings.worker.concurrency.min(prefetch);
-                if !delivered && !paused && room {
+                if !delivered && !paused && in_flight < window {
                     if let Err(e) = check_not_stalled(&channel, &pipeline.names.requests).await {
                         break Err(e);
                     }
