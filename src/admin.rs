@@ -30,6 +30,7 @@ use crate::decision;
 use crate::denials::{DenialFilter, DenialStore};
 use crate::limiter::Limiter;
 use crate::message::SendRequest;
+use crate::outcome;
 use crate::reload::{ReloadError, Reloader, Source};
 use crate::telemetry;
 
@@ -388,12 +389,8 @@ async fn check(
     };
     let rules = state.reloader.rules().current();
     let policy = &rules.policy;
-    match state
-        .limiter
-        .check_report(policy, &message, at, false)
-        .await
-    {
-        Ok(report) => Json(decision::explain_unmatched(report, policy, &message)).into_response(),
+    match crate::service::check(&state.limiter, policy, &message, at, false).await {
+        Ok(report) => Json(report).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
@@ -421,7 +418,7 @@ pub async fn peek(
     state: &AdminState,
     recipient: &str,
     query: PeekQuery,
-) -> Result<(DateTime<Utc>, Vec<decision::Verdict>), (StatusCode, String)> {
+) -> Result<(DateTime<Utc>, Vec<outcome::Verdict>), (StatusCode, String)> {
     let bad = |m: String| (StatusCode::BAD_REQUEST, m);
     let zone = match query.timezone.as_deref().map(str::parse::<Tz>).transpose() {
         Ok(z) => z,

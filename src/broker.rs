@@ -28,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::config::{AmqpSettings, QueueType};
 use crate::confirms::InFlight;
+use crate::deadline::Receipt;
 
 /// Header naming why a message was sent to the invalid queue.
 pub const REASON_HEADER: &str = "x-sendquota-reason";
@@ -364,6 +365,49 @@ pub fn replay_header(properties: &BasicProperties) -> Option<(&'static str, Stri
     header(properties, REPLAY_OF_HEADER).map(|d| (REPLAY_OF_HEADER, d))
 }
 
+/// The receipt a delivery carries in its headers, received at `now`: read once, at intake, so
+/// that deciding works on a typed value and never on the broker's properties. A header that
+/// does not hold an RFC 3339 instant (or a denial id) counts as absent: the headers are the
+/// worker's own, and one a producer set can only shorten its own message's life.
+pub fn receipt(properties: &BasicProperties, now: DateTime<Utc>) -> Receipt {
+    let instant = |name| {
+        header(properties, name)
+            .and_then(|text| DateTime::parse_from_rfc3339(&text).ok())
+            .map(|at| at.with_timezone(&Utc))
+    };
+    Receipt {
+        first_received: instant(FIRST_RECEIVED_HEADER)
+            .filter(|at| *at <= now)
+            .unwrap_or(now),
+        held_until: instant(DEADLINE_HEADER),
+        replay_of: header(properties, REPLAY_OF_HEADER).and_then(|v| v.parse::<i64>().ok()),
+    }
+}
+
+/// The headers that carry `receipt` to the next delivery of the message.
+pub fn receipt_headers(receipt: &Receipt) -> Vec<(&'static str, String)> {
+    let mut headers = Vec::with_capacity(3);
+    if let Some(denial) = receipt.replay_of {
+        headers.push((REPLAY_OF_HEADER, denial.to_string()));
+    }
+    headers.push((FIRST_RECEIVED_HEADER, rfc3339(receipt.first_received)));
+    headers.extend(receipt.held_until.map(|at| (DEADLINE_HEADER, rfc3339(at))));
+    headers
+}
+
+/// The receipt headers of a delivery to keep when it is republished whole (a yielded slot):
+/// as they came, so the next delivery counts from the same first receipt.
+pub fn carried_receipt(properties: &BasicProperties) -> Vec<(&'static str, String)> {
+    [FIRST_RECEIVED_HEADER, DEADLINE_HEADER]
+        .into_iter()
+        .filter_map(|name| header(properties, name).map(|value| (name, value)))
+        .collect()
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
 /// The delay tier for a message that must wait until `until`, seen at `now`.
 pub fn delay_tier(now: DateTime<Utc>, until: DateTime<Utc>) -> i64 {
     delay_tier_for((until - now).num_milliseconds())
@@ -662,5 +706,31 @@ mod tests {
         assert_eq!(delay_tier(at(0), at(29)), 5_000);
         assert_eq!(delay_tier(at(0), at(7_200)), 3_600_000);
         assert_eq!(delay_tier(at(0), at(7 * 86_400)), 86_400_000);
+    }
+
+    #[test]
+    fn a_receipt_survives_its_headers() {
+        let kept = Receipt {
+            first_received: instant("2026-05-01T09:00:00.250Z"),
+            held_until: Some(instant("2026-05-01T11:00:00Z")),
+            replay_of: Some(7),
+        };
+        let props = json_properties(Some("m"), &receipt_headers(&kept));
+        let later = instant("2026-05-01T10:00:00Z");
+        assert_eq!(receipt(&props, later), kept);
+        assert_eq!(carried_receipt(&props), receipt_headers(&kept)[1..]);
+        let fresh = json_properties(Some("m"), &[]);
+        assert_eq!(receipt(&fresh, later), Receipt::new(later));
+        let forged = json_properties(
+            Some("m"),
+            &[(FIRST_RECEIVED_HEADER, "yesterday".to_owned())],
+        );
+        assert_eq!(receipt(&forged, later), Receipt::new(later));
+    }
+
+    fn instant(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text)
+            .expect("an instant")
+            .with_timezone(&Utc)
     }
 }

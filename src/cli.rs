@@ -14,7 +14,6 @@ use futures_util::{StreamExt, TryStreamExt};
 use crate::broker::{self, Names, Publisher};
 use crate::clock::{Clock, ManualClock, SystemClock};
 use crate::config::{ConfigError, LogFormat, LogSettings, Settings};
-use crate::decision;
 use crate::denials::{Denial, DenialFilter, DenialStore};
 use crate::failpoint;
 use crate::limiter::Limiter;
@@ -359,6 +358,9 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
+    // The one clock of every command but `worker`, which may fix it with `--now`.
+    let system = SystemClock;
+    let clock: &dyn Clock = &system;
     match cli.command {
         Command::Worker { now } => {
             let clock: Arc<dyn Clock> = match now {
@@ -393,11 +395,11 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
             message,
             at,
             commit,
-        } => check(&settings, &message, at.as_deref(), commit).await,
-        Command::Denials(args) => denials(&settings, args).await,
+        } => check(&settings, clock, &message, at.as_deref(), commit).await,
+        Command::Denials(args) => denials(&settings, clock, args).await,
         Command::Digests { recipient } => digests(&settings, recipient.as_deref()).await,
-        Command::Replay(args) => replay(&settings, args).await,
-        Command::Prune { older_than } => prune(&settings, &older_than).await,
+        Command::Replay(args) => replay(&settings, clock, args).await,
+        Command::Prune { older_than } => prune(&settings, clock, &older_than).await,
         Command::Quarantine { action } => quarantine(&settings, action).await,
         Command::Tail { channel } => tail(&settings, channel.as_deref().unwrap_or("#")).await,
         Command::Schema => {
@@ -499,6 +501,7 @@ fn rfc3339(t: DateTime<Utc>) -> String {
 
 async fn check(
     settings: &Settings,
+    clock: &dyn Clock,
     message: &str,
     at: Option<&str>,
     commit: bool,
@@ -507,16 +510,15 @@ async fn check(
         .map_err(|e| CliError::Input(format!("invalid message: {e}")))?;
     let now = match at {
         Some(at) => parse_instant("--at", at)?,
-        None => Utc::now(),
+        None => clock.now(),
     };
     let redis = RedisConn::connect(&settings.redis)
         .await
         .map_err(|e| service("redis")(&e))?;
-    let out = Limiter::new(redis, &settings.namespace)
-        .check_report(&settings.policy, &request, now, commit)
+    let limiter = Limiter::new(redis, &settings.namespace);
+    let out = crate::service::check(&limiter, &settings.policy, &request, now, commit)
         .await
         .map_err(|e| service("redis")(&e))?;
-    let out = decision::explain_unmatched(out, &settings.policy, &request);
     println!("{out}");
     Ok(())
 }
@@ -568,7 +570,7 @@ async fn publish(settings: &Settings, file: Option<PathBuf>) -> Result<(), CliEr
     Ok(())
 }
 
-async fn denials(settings: &Settings, args: DenialArgs) -> Result<(), CliError> {
+async fn denials(settings: &Settings, clock: &dyn Clock, args: DenialArgs) -> Result<(), CliError> {
     if args.limit < 1 {
         return Err(CliError::Input("--limit must be at least 1".to_owned()));
     }
@@ -578,7 +580,7 @@ async fn denials(settings: &Settings, args: DenialArgs) -> Result<(), CliError> 
         replayed: args.replayed,
         after: args.after,
         limit: args.limit,
-        ..args.filter.filter(Utc::now())?
+        ..args.filter.filter(clock.now())?
     };
     let store = connect_store(settings).await?;
     let rows = store
@@ -685,8 +687,8 @@ async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {
         .map_err(|e| service("postgres")(&e))
 }
 
-async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
-    let now = Utc::now();
+async fn replay(settings: &Settings, clock: &dyn Clock, args: ReplayArgs) -> Result<(), CliError> {
+    let now = clock.now();
     let rate = match args.rate.as_deref() {
         Some(text) => Some(crate::replay::parse_rate(text).ok_or_else(|| {
             CliError::Input(format!(
@@ -735,9 +737,14 @@ async fn replay(settings: &Settings, args: ReplayArgs) -> Result<(), CliError> {
         rate,
         batch: args.batch,
     };
-    let result = crate::replay::replay(&store, &publisher, &names, &options, Utc::now, |n| {
-        bar.set_position(n as u64)
-    })
+    let result = crate::replay::replay(
+        &store,
+        &publisher,
+        &names,
+        &options,
+        || clock.now(),
+        |n| bar.set_position(n as u64),
+    )
     .await;
     bar.finish_and_clear();
     let _ = connection.close(200, "done".into()).await;
@@ -768,7 +775,7 @@ fn progress_bar(len: Option<usize>) -> indicatif::ProgressBar {
 /// `digests`: the groups of held messages, one JSON line each.
 async fn digests(settings: &Settings, recipient: Option<&str>) -> Result<(), CliError> {
     let store = connect_store(settings).await?;
-    let groups = crate::digest::held_groups(store.pool(), recipient)
+    let groups = crate::act::held::held_groups(store.pool(), recipient)
         .await
         .map_err(|e| service("postgres")(&e))?;
     let mut out = std::io::stdout().lock();
@@ -779,8 +786,8 @@ async fn digests(settings: &Settings, recipient: Option<&str>) -> Result<(), Cli
     Ok(())
 }
 
-async fn prune(settings: &Settings, older_than: &str) -> Result<(), CliError> {
-    let now = Utc::now();
+async fn prune(settings: &Settings, clock: &dyn Clock, older_than: &str) -> Result<(), CliError> {
+    let now = clock.now();
     let cutoff = parse_since("--older-than", older_than, now)?;
     if cutoff > now {
         return Err(CliError::Input(

@@ -1,8 +1,15 @@
 //! The worker's clock, injectable so tests and simulations decide at chosen instants.
 //!
-//! Limiter scripts never read the Redis server's clock: every time they use comes from here, in
-//! milliseconds, so all workers agree as long as their clocks do (skew against Redis `TIME` is
-//! measured at start-up and reported).
+//! This is the one clock of the process: the worker, the digest flusher, the admin API, the
+//! console and every command take their instants from a `Clock` (the system clock unless
+//! `--now` fixes it); nothing else reads the system time. Every instant a decision uses comes
+//! from here, in milliseconds, and is passed to the limiter scripts, so all workers agree as
+//! long as their clocks do (skew against Redis `TIME` is measured at start-up and reported).
+//!
+//! One thing runs on the Redis server's clock by design: the lease of an in-flight claim
+//! (`lua/prelude.lua`, `server_ms`). A lease bounds how long one worker keeps every other off
+//! a message id, so it must be measured on the clock every worker shares: a worker whose clock
+//! is skewed, or simulated with `--now`, would otherwise hold a claim that never runs out.
 //!
 //! It also owns the range of instants the worker decides at ([`in_range`]): every instant
 //! that comes from outside (`--now`, `--at`, `?at=`, `--since`, the system clock at start) is

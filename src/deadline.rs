@@ -17,13 +17,10 @@
 //! A deny whose `retry_after` lies past the deadline stays a deny; its row keeps the deadline
 //! (column `expires_at`) so that `replay` skips it once the deadline has passed.
 
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
-use lapin::BasicProperties;
+use chrono::{DateTime, Duration, Utc};
 
-use crate::broker;
-use crate::decision::Verdict;
 use crate::message::SendRequest;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, Verdict};
 use crate::policy::{OnDeny, Policy};
 
 /// The rule an expired row is recorded under when no rule held the message: its deadline had
@@ -34,9 +31,11 @@ pub const DEADLINE_RULE: &str = "deadline";
 /// The reason of every expired row, whichever rule it is recorded under.
 pub const EXPIRED_REASON: &str = "expired";
 
-/// What the worker knows of a delivery's time beyond its body: when it first received the
-/// message, and the deadline delay rules with a `max_delay` have set so far. A message the
-/// worker has not republished has neither header: it is first received now.
+/// What the worker knows of a delivery beyond its body: when it first received the message,
+/// the deadline delay rules with a `max_delay` have set so far, and the denial it replays. A
+/// message the worker has not republished has none of these: it is first received now. Read
+/// from the delivery's headers once, at intake (`broker::receipt`); a plain value here, so
+/// that deciding never reads the broker's properties.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Receipt {
     /// When the worker first received the message.
@@ -45,6 +44,9 @@ pub struct Receipt {
     /// `max_delay` of the delay rules that refused it, and its `expires_at`), or as a replay
     /// carries it from its denial row; `None` when none was set.
     pub held_until: Option<DateTime<Utc>>,
+    /// The denial row this delivery replays (`sendquota replay`), carried on whenever it is
+    /// republished and written on its own denial rows.
+    pub replay_of: Option<i64>,
 }
 
 impl Receipt {
@@ -53,43 +55,8 @@ impl Receipt {
         Receipt {
             first_received: now,
             held_until: None,
+            replay_of: None,
         }
-    }
-
-    /// The receipt a delivery carries in its headers, received at `now`. A header that does not
-    /// hold an RFC 3339 instant counts as absent: the headers are the worker's own, and one a
-    /// producer set can only shorten its own message's life.
-    pub fn from_headers(properties: &BasicProperties, now: DateTime<Utc>) -> Receipt {
-        let instant = |name| {
-            broker::header(properties, name)
-                .and_then(|text| DateTime::parse_from_rfc3339(&text).ok())
-                .map(|at| at.with_timezone(&Utc))
-        };
-        Receipt {
-            first_received: instant(broker::FIRST_RECEIVED_HEADER)
-                .filter(|at| *at <= now)
-                .unwrap_or(now),
-            held_until: instant(broker::DEADLINE_HEADER),
-        }
-    }
-
-    /// The headers that carry this receipt to the next delivery of the message.
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut headers = vec![(broker::FIRST_RECEIVED_HEADER, rfc3339(self.first_received))];
-        headers.extend(
-            self.held_until
-                .map(|at| (broker::DEADLINE_HEADER, rfc3339(at))),
-        );
-        headers
-    }
-
-    /// The headers of a delivery to keep when it is republished whole (a yielded slot): its
-    /// receipt as it came, so the next delivery counts from the same first receipt.
-    pub fn carried(properties: &BasicProperties) -> Vec<(&'static str, String)> {
-        [broker::FIRST_RECEIVED_HEADER, broker::DEADLINE_HEADER]
-            .into_iter()
-            .filter_map(|name| broker::header(properties, name).map(|value| (name, value)))
-            .collect()
     }
 
     /// The message's deadline before its rules are asked: the earliest of its `expires_at` and
@@ -161,10 +128,6 @@ fn earliest(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTi
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-fn rfc3339(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
 }
 
 #[cfg(test)]
@@ -292,24 +255,5 @@ mod tests {
             retry_after: Some(at("2026-05-02T00:00:00Z")),
         };
         assert_eq!(enforce(deny.clone(), deadline), deny, "a deny stays a deny");
-    }
-
-    #[test]
-    fn a_receipt_survives_its_headers() {
-        let receipt = Receipt {
-            first_received: at("2026-05-01T09:00:00.250Z"),
-            held_until: Some(at("2026-05-01T11:00:00Z")),
-        };
-        let props = broker::json_properties(Some("m"), &receipt.headers());
-        let later = at("2026-05-01T10:00:00Z");
-        assert_eq!(Receipt::from_headers(&props, later), receipt);
-        assert_eq!(Receipt::carried(&props), receipt.headers());
-        let fresh = broker::json_properties(Some("m"), &[]);
-        assert_eq!(Receipt::from_headers(&fresh, later), Receipt::new(later));
-        let forged = broker::json_properties(
-            Some("m"),
-            &[(broker::FIRST_RECEIVED_HEADER, "yesterday".to_owned())],
-        );
-        assert_eq!(Receipt::from_headers(&forged, later), Receipt::new(later));
     }
 }

@@ -1,49 +1,93 @@
-//! From every rule's verdict to one outcome for the message ([`Outcome`], which
-//! [`crate::outcome`] owns). Pure: no I/O, no clock; the limiter produces the verdicts.
+//! The one place an outcome is made: from the policy, the request, its receipt and every
+//! rule's verdict to what happens to the message ([`decide`]), and, before any rule is asked,
+//! whether it is already past its deadline ([`before_rules`]). Pure: no I/O, no clock; the
+//! limiter produces the verdicts, the worker, the digest flusher, `check` and `POST /v1/check`
+//! call these same functions, so they cannot tell a message different outcomes or instants.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 
+use crate::deadline::{self, Receipt};
+use crate::kinds::Kind;
 use crate::message::SendRequest;
-use crate::outcome::{Outcome, OutcomeName};
+use crate::outcome::{Outcome, OutcomeName, Verdict};
 use crate::policy::{OnDeny, Policy};
 
-/// One rule's verdict on one message.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Verdict {
-    /// The rule's name.
-    pub rule: String,
-    /// The rule's kind.
-    pub kind: &'static str,
-    /// What the rule's refusal does.
-    #[serde(skip)]
-    pub on_deny: OnDeny,
-    /// Whether the message's priority is exempt from the rule, which still counts it: its
-    /// refusal (the rule had no room) neither holds the message back nor is recorded.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub exempt: bool,
-    /// Until when the rule's last slots were kept from this message (its priority is below
-    /// the reservation's): it was decided with them taken off.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reserved_until: Option<DateTime<Utc>>,
-    /// Whether the rule admits the message.
-    pub allowed: bool,
-    /// Whether the message id had been admitted before (nothing consumed again).
-    #[serde(skip)]
-    pub already: bool,
-    /// What the rule still allows after this decision (`None` for kinds that do not count,
-    /// such as quiet hours).
-    pub remaining: Option<i64>,
-    /// When the rule would next admit a send; `None` when it admits this one, or when it never
-    /// will (a cost above a bucket's capacity).
-    pub retry_after: Option<DateTime<Utc>>,
-    /// Why it refused (empty when it allowed).
-    #[serde(skip)]
-    pub reason: String,
+/// What deciding a message came to: its outcome, and the deadline it is held to (the one the
+/// denial row, the delay queue's headers and a digest item keep).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// What happens to the message.
+    pub outcome: Outcome,
+    /// The instant past which it is never sent, if it has one (see [`crate::deadline`]).
+    pub deadline: Option<DateTime<Utc>>,
 }
 
-/// Decides the outcome from the verdicts of every rule that applies, in policy order.
-pub fn decide(verdicts: &[Verdict]) -> Outcome {
+/// The decision on `message` when it is already past its deadline at `now`, before any rule
+/// is asked (so it takes no quota and no claim): [`Outcome::Expired`]; `None` when its rules
+/// must decide it.
+pub fn before_rules(
+    message: &SendRequest,
+    receipt: &Receipt,
+    now: DateTime<Utc>,
+) -> Option<Decision> {
+    let outcome = deadline::before_decision(message, receipt, now)?;
+    Some(Decision {
+        outcome,
+        deadline: receipt.deadline(message),
+    })
+}
+
+/// Decides `message` from its rules' `verdicts` (in policy order): [`by_verdicts`], with a
+/// denial's `retry_after` and a delay's end moved past the closed periods of the wall-clock
+/// rules matching it ([`admissible_after`]: a rule that admits now can refuse then), and a
+/// delay that would outlast the message's deadline (from `receipt` and the refusing delay
+/// rules' `max_delay`) made [`Outcome::Expired`].
+pub fn decide(
+    policy: &Policy,
+    message: &SendRequest,
+    receipt: &Receipt,
+    verdicts: &[Verdict],
+) -> Decision {
+    let deadline = receipt.deadline_after(message, policy, verdicts);
+    let outcome = by_verdicts(verdicts).postponed(|t| admissible_after(policy, message, t));
+    Decision {
+        outcome: deadline::enforce(outcome, deadline),
+        deadline,
+    }
+}
+
+/// The first instant at or after `t` that no enforcing rule matching `message` that refuses
+/// by the wall clock (quiet hours, send windows) keeps closed, in the message's zone. Counting
+/// rules only free up as time passes (when nothing else is sent meanwhile), so past the
+/// refusing rules' `retry_after` the closed periods are what can still refuse.
+pub fn admissible_after(
+    policy: &Policy,
+    message: &SendRequest,
+    mut t: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let zone = message.zone(policy.default_zone);
+    let clock: Vec<&Kind> = policy
+        .rules_for(message)
+        .into_iter()
+        .filter(|r| r.on_deny != OnDeny::Shadow)
+        .filter(|r| matches!(r.kind, Kind::QuietHours(_) | Kind::SendWindow(_)))
+        .map(|r| &r.kind)
+        .collect();
+    // Each step leaves a closed period; a quiet period and a send window can hand the
+    // message back and forth a few times at most.
+    for _ in 0..=2 * clock.len() {
+        let ends = clock.iter().filter_map(|k| k.closed_until(t, zone)).max();
+        match ends {
+            Some(end) => t = end,
+            None => break,
+        }
+    }
+    t
+}
+
+/// The outcome the verdicts of every rule that applies (in policy order) make by themselves,
+/// before the wall clock and the deadline have their say (see [`decide`]).
+pub fn by_verdicts(verdicts: &[Verdict]) -> Outcome {
     let refusals = || verdicts.iter().filter(|v| !v.allowed && !v.exempt);
     let latest = |on_deny: &dyn Fn(OnDeny) -> bool| {
         refusals()
@@ -204,7 +248,7 @@ mod tests {
     #[test]
     fn all_allowed_is_allow() {
         let v = [verdict("a", OnDeny::Drop, true, None)];
-        assert_eq!(decide(&v).name(), OutcomeName::Allow);
+        assert_eq!(by_verdicts(&v).name(), OutcomeName::Allow);
     }
 
     #[test]
@@ -214,7 +258,7 @@ mod tests {
             verdict("x", OnDeny::Drop, false, Some(5)),
             verdict("s", OnDeny::Shadow, false, Some(23)),
         ];
-        match decide(&v) {
+        match by_verdicts(&v) {
             Outcome::Deny { rule, retry_after } => {
                 assert_eq!(rule.rule, "x");
                 assert_eq!(retry_after, v[0].retry_after);
@@ -230,8 +274,8 @@ mod tests {
             verdict("d2", OnDeny::Delay, false, Some(4)),
             verdict("ok", OnDeny::Drop, true, None),
         ];
-        assert_eq!(decide(&v).retry_after(), v[1].retry_after);
-        assert_eq!(decide(&v).rule().map(|r| r.rule.as_str()), Some("d2"));
+        assert_eq!(by_verdicts(&v).retry_after(), v[1].retry_after);
+        assert_eq!(by_verdicts(&v).rule().map(|r| r.rule.as_str()), Some("d2"));
     }
 
     #[test]
@@ -240,14 +284,14 @@ mod tests {
             verdict("d", OnDeny::Delay, false, Some(9)),
             verdict("g", OnDeny::Digest, false, Some(5)),
         ];
-        let outcome = decide(&held);
+        let outcome = by_verdicts(&held);
         assert_eq!(outcome.name(), OutcomeName::Digested);
         assert_eq!(outcome.rule().map(|r| r.rule.as_str()), Some("g"));
         let dropped = [
             verdict("g", OnDeny::Digest, false, Some(5)),
             verdict("x", OnDeny::Drop, false, Some(7)),
         ];
-        assert_eq!(decide(&dropped).name(), OutcomeName::Deny);
+        assert_eq!(by_verdicts(&dropped).name(), OutcomeName::Deny);
     }
 
     #[test]
@@ -256,7 +300,7 @@ mod tests {
             verdict("ok", OnDeny::Drop, true, None),
             verdict("trial", OnDeny::Shadow, false, Some(1)),
         ];
-        let outcome = decide(&v);
+        let outcome = by_verdicts(&v);
         assert_eq!(outcome.name(), OutcomeName::Shadow);
         assert_eq!(outcome.rule().map(|r| r.rule.as_str()), Some("trial"));
     }

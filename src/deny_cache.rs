@@ -34,9 +34,9 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::config::RedisSettings;
-use crate::decision::Verdict;
 use crate::kinds::Kind;
 use crate::message::SendRequest;
+use crate::outcome::Verdict;
 use crate::policy::{OnDeny, Policy, Rule, Scope};
 
 /// How much earlier than a refusing rule's `retry_after` (the first instant with room in the

@@ -48,6 +48,7 @@ pub mod failpoint;
 pub mod startup;
 
 mod acks;
+mod act;
 mod admin;
 mod attributes;
 mod broker;
@@ -59,13 +60,11 @@ mod decision;
 mod dedup;
 mod denials;
 mod deny_cache;
-mod digest;
 mod keys;
 mod kinds;
 mod limiter;
 mod message;
 mod outcome;
-mod pipeline;
 mod policy;
 mod priority;
 mod quarantine;
@@ -74,6 +73,7 @@ mod replay;
 mod rollup;
 mod schema;
 mod sequence;
+mod service;
 mod store;
 mod tail;
 mod telemetry;
@@ -124,7 +124,8 @@ pub mod internals {
     }
     /// The crate's `digest` module.
     pub mod digest {
-        pub use crate::digest::*;
+        pub use crate::act::digest::*;
+        pub use crate::act::held::*;
     }
     /// The crate's `denials` module.
     pub mod denials {
@@ -156,7 +157,8 @@ pub mod internals {
     }
     /// The crate's `pipeline` module.
     pub mod pipeline {
-        pub use crate::pipeline::*;
+        pub use crate::act::pipeline::*;
+        pub use crate::act::steps::*;
     }
     /// The crate's `policy` module.
     pub mod policy {
@@ -181,6 +183,10 @@ pub mod internals {
     /// The crate's `rollup` module.
     pub mod rollup {
         pub use crate::rollup::*;
+    }
+    /// The crate's `service` module.
+    pub mod service {
+        pub use crate::service::*;
     }
     /// The crate's `sequence` module.
     pub mod sequence {

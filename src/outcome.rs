@@ -7,7 +7,41 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::decision::Verdict;
+use crate::policy::OnDeny;
+
+/// One rule's verdict on one message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The rule's name.
+    pub rule: String,
+    /// The rule's kind.
+    pub kind: &'static str,
+    /// What the rule's refusal does.
+    #[serde(skip)]
+    pub on_deny: OnDeny,
+    /// Whether the message's priority is exempt from the rule, which still counts it: its
+    /// refusal (the rule had no room) neither holds the message back nor is recorded.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub exempt: bool,
+    /// Until when the rule's last slots were kept from this message (its priority is below
+    /// the reservation's): it was decided with them taken off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_until: Option<DateTime<Utc>>,
+    /// Whether the rule admits the message.
+    pub allowed: bool,
+    /// Whether the message id had been admitted before (nothing consumed again).
+    #[serde(skip)]
+    pub already: bool,
+    /// What the rule still allows after this decision (`None` for kinds that do not count,
+    /// such as quiet hours).
+    pub remaining: Option<i64>,
+    /// When the rule would next admit a send; `None` when it admits this one, or when it never
+    /// will (a cost above a bucket's capacity).
+    pub retry_after: Option<DateTime<Utc>>,
+    /// Why it refused (empty when it allowed).
+    #[serde(skip)]
+    pub reason: String,
+}
 
 /// Every outcome a message can have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::clock::Clock;
-use crate::decision::Verdict;
+use crate::outcome::Verdict;
 use crate::outcome::{Handled, OutcomeName};
 
 /// How often the counters are written: a second keeps the charts current while a busy worker

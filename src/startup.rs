@@ -11,6 +11,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::act::digest::Flusher;
+use crate::act::held::Held;
+use crate::act::pipeline::Pipeline;
+use crate::act::steps::Steps;
 use crate::admin::{self, AdminState, Health};
 use crate::broker::Names;
 use crate::clock::Clock;
@@ -19,10 +23,8 @@ use crate::console::Console;
 use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::deny_cache::{self, DenyCache};
-use crate::digest::Digests;
 use crate::failpoint::Failpoint;
 use crate::limiter::Limiter;
-use crate::pipeline::Pipeline;
 use crate::reload::{self, LiveRules, Reloader, Rules};
 use crate::rollup::{DecisionCounts, RollupWriter};
 use crate::store::RedisConn;
@@ -86,10 +88,7 @@ pub async fn run(
         .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
     let redis = connect_redis(settings).await?;
     let denials = DenialStore::connect(&settings.database).await?;
-    let digests = Digests::new(
-        denials.pool().clone(),
-        Duration::from_millis(settings.worker.digest_flush_interval_ms),
-    );
+    let held = Held::new(denials.pool().clone());
     report_skew(&redis, clock.as_ref()).await;
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
@@ -134,21 +133,37 @@ pub async fn run(
     let (rollup_stop_tx, rollup_stop) = watch::channel(false);
     let rollup_written =
         RollupWriter::new(rollup.clone(), denials.pool().clone(), clock.clone()).spawn(rollup_stop);
-    let pipeline = Arc::new(Pipeline {
-        rules,
-        limiter,
+    let current = rules.current();
+    let steps = Arc::new(Steps {
         marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials: DenialWriter::spawn(
             denials,
             settings.worker.denial_batch_size,
             Duration::from_millis(settings.worker.denial_batch_wait_ms),
         ),
-        clock,
+        held,
         names,
+        failpoint,
+        dispatch_seconds: current.metrics.dispatch_seconds.clone(),
+        denial_write_seconds: current.metrics.denial_write_seconds.clone(),
+    });
+    let digests = Arc::new(Flusher {
+        steps: steps.clone(),
+        limiter: limiter.clone(),
+        rules: rules.clone(),
+        clock: clock.clone(),
+        max_body_bytes: settings.worker.max_body_bytes,
+        interval: Duration::from_millis(settings.worker.digest_flush_interval_ms),
+    });
+    let pipeline = Arc::new(Pipeline {
+        rules,
+        limiter,
+        steps,
+        digests,
+        clock,
         max_body_bytes: settings.worker.max_body_bytes,
         claim_lease_ms: settings.worker.claim_lease_ms,
         failpoint,
-        digests,
         traces,
         rollup,
     });

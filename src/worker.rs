@@ -20,15 +20,16 @@ use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, warn};
 
 use crate::acks::Settler;
+use crate::act::digest;
+use crate::act::pipeline::Pipeline;
+use crate::act::steps::{ActError, Poison};
 use crate::admin::Health;
 use crate::broker::{self, BrokerError, Names, Publisher};
 use crate::claim::Claim;
 use crate::config::Settings;
-use crate::digest;
 use crate::failpoint::{self, Failpoint};
 use crate::message::{InvalidMessage, SendRequest};
 use crate::outcome::{self, Failure, Handled, Next};
-use crate::pipeline::{HandleError, Pipeline, Poison};
 use crate::sequence::{Place, Sequence};
 use crate::telemetry;
 use crate::traces;
@@ -130,13 +131,13 @@ async fn consume(
 ) -> Result<(), BrokerError> {
     let publisher = Publisher::open(publishing)
         .await?
-        .healing(pipeline.names.clone(), settings.amqp.queue_type);
+        .healing(pipeline.steps.names.clone(), settings.amqp.queue_type);
     let channel = broker::timed("channel.open", consuming.create_channel()).await?;
-    let mut consumer = consume_requests(settings, &pipeline.names, &channel).await?;
+    let mut consumer = consume_requests(settings, &pipeline.steps.names, &channel).await?;
     // The session's flusher publishes on the session's publisher, so it lives as long.
     let (flusher_stop, flusher_stopped) = watch::channel(false);
     let flusher = tokio::spawn(digest::flush_until_stopped(
-        pipeline.clone(),
+        pipeline.digests.clone(),
         publisher.clone(),
         flusher_stopped,
     ));
@@ -176,7 +177,7 @@ async fn consume(
                 // flight fill the window: a window full of slow deliveries is no stall.
                 let in_flight = settings.worker.concurrency - slots.available_permits();
                 if !delivered && !paused && in_flight < window {
-                    if let Err(e) = check_not_stalled(&channel, &pipeline.names.requests).await {
+                    if let Err(e) = check_not_stalled(&channel, &pipeline.steps.names.requests).await {
                         break Err(e);
                     }
                 }
@@ -214,7 +215,7 @@ async fn consume(
                 Some(Err(e)) => break Err(e.into()),
                 None => {
                     health.set_consuming(false);
-                    match consume_again(settings, &pipeline.names, &channel).await {
+                    match consume_again(settings, &pipeline.steps.names, &channel).await {
                         Ok(again) => consumer = again,
                         Err(e) => break Err(e),
                     }
@@ -407,7 +408,7 @@ impl Task {
                     return;
                 }
                 Err(e) => {
-                    failures.count(&e, &self.pipeline.names);
+                    failures.count(&e, &self.pipeline.steps.names);
                     if let Some(trace) = &trace {
                         trace.failed(&e);
                     }
@@ -464,7 +465,10 @@ impl Task {
         match &f.unroutable_dispatch {
             // No sender's queue is bound: said once per routing key, with the remedy.
             Some(key) => {
-                if !self.unrouted.first(key, &self.pipeline.names.dispatch) {
+                if !self
+                    .unrouted
+                    .first(key, &self.pipeline.steps.names.dispatch)
+                {
                     debug!(error = %f.last, retry_in_ms, "message not dispatched");
                 }
             }
@@ -500,10 +504,10 @@ struct Failures {
 
 impl Failures {
     /// Counts a failed attempt.
-    fn count(&mut self, e: &HandleError, names: &Names) {
+    fn count(&mut self, e: &ActError, names: &Names) {
         self.attempts += 1;
         self.unroutable_dispatch = match e {
-            HandleError::Broker(BrokerError::Unroutable {
+            ActError::Broker(BrokerError::Unroutable {
                 exchange,
                 routing_key,
             }) if *exchange == names.dispatch => Some(routing_key.clone()),

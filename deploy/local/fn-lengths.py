@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Used for the reshape notes: deploy/local/fn-lengths.py src [N] prints the median, p90 and max
-# function length (lines from `fn` to its closing brace) of the .rs files below src, and the N
-# longest.
+# function length of the .rs files below src, and the N longest. A length counts code lines
+# from `fn` to its closing brace: lines neither blank nor comment-only (issue 37's measure).
+# Functions inside `#[cfg(test)]` modules are counted too.
 """Function lengths (lines from `fn` to its closing brace) of every fn in the .rs files below a
 folder: median, p90, max and the longest ones."""
 import os, re, sys, statistics
@@ -32,7 +33,10 @@ for dp, _, files in os.walk(root):
                         elif ch == '}':
                             depth -= 1
                     if started and depth == 0:
-                        lens.append((j - i + 1, f"{path}:{i+1} {m.group(6)}"))
+                        code_lines = sum(
+                            1 for line in lines[i:j + 1]
+                            if line.strip() and not line.strip().startswith('//'))
+                        lens.append((code_lines, f"{path}:{i+1} {m.group(6)}"))
                         break
                     j += 1
             i += 1

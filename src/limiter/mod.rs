@@ -15,15 +15,13 @@ use chrono_tz::Tz;
 
 use crate::attributes::Attributes;
 use crate::claim::Claim;
-use crate::deadline::{self, Receipt};
-use crate::decision::{self, Verdict};
 use crate::dedup;
 use crate::deny_cache::{self, DenyCache};
 use crate::failpoint::{self, Failpoint};
 use crate::keys;
-use crate::kinds::{calendar, Kind};
+use crate::kinds::calendar;
 use crate::message::SendRequest;
-use crate::outcome::Outcome;
+use crate::outcome::Verdict;
 use crate::policy::{OnDeny, Policy, Rule, Scope};
 use crate::priority::{Priority, Treatment};
 use crate::store::RedisConn;
@@ -229,39 +227,6 @@ impl Limiter {
         commit: bool,
     ) -> Result<Evaluation, LimiterError> {
         self.decide(policy, message, now, commit, None).await
-    }
-
-    /// What `check` and `POST /v1/check` print for `message` decided at `now` (committed with
-    /// `commit`), as the worker would decide a message it receives at `now`: one already past
-    /// its deadline is not evaluated (nothing is read or taken; outcome `expired`), and the
-    /// report carries the message's `deadline` when it has one, and what Redis being
-    /// unavailable would do to it when a rule sets `on_unavailable`.
-    pub async fn check_report(
-        &self,
-        policy: &Policy,
-        message: &SendRequest,
-        now: DateTime<Utc>,
-        commit: bool,
-    ) -> Result<serde_json::Value, LimiterError> {
-        let receipt = Receipt::new(now);
-        let (report, deadline) = match deadline::before_decision(message, &receipt, now) {
-            Some(expired) => (decision::report(&[], &expired), receipt.deadline(message)),
-            None => {
-                let evaluation = self.evaluate(policy, message, now, commit).await?;
-                let report = if evaluation.dispatched() {
-                    decision::duplicate_report()
-                } else {
-                    decision::report(
-                        evaluation.verdicts(),
-                        &evaluation.outcome(policy, message, &receipt),
-                    )
-                };
-                let verdicts = evaluation.verdicts();
-                (report, receipt.deadline_after(message, policy, verdicts))
-            }
-        };
-        let report = decision::explain_deadline(report, deadline);
-        Ok(decision::explain_unavailable(report, policy, message))
     }
 
     /// Decides and commits `message` as [`Limiter::evaluate`] does, for the delivery holding
@@ -492,39 +457,16 @@ impl Limiter {
         Ok(())
     }
 
-    /// The first instant at or after `t` that no enforcing rule matching `message` that
-    /// refuses by the wall clock (quiet hours, send windows) keeps closed, in the message's
-    /// zone. Counting rules only free up as time passes (when nothing else is sent meanwhile),
-    /// so past the refusing rules' `retry_after` the closed periods are what can still refuse.
-    fn admissible_after(
-        policy: &Policy,
-        message: &SendRequest,
-        mut t: DateTime<Utc>,
-    ) -> DateTime<Utc> {
-        let zone = message.zone(policy.default_zone);
-        let clock: Vec<&Kind> = policy
-            .rules_for(message)
-            .into_iter()
-            .filter(|r| r.on_deny != OnDeny::Shadow)
-            .filter(|r| matches!(r.kind, Kind::QuietHours(_) | Kind::SendWindow(_)))
-            .map(|r| &r.kind)
-            .collect();
-        // Each step leaves a closed period; a quiet period and a send window can hand the
-        // message back and forth a few times at most.
-        for _ in 0..=2 * clock.len() {
-            let ends = clock.iter().filter_map(|k| k.closed_until(t, zone)).max();
-            match ends {
-                Some(end) => t = end,
-                None => break,
-            }
-        }
-        t
-    }
-
-    /// Extends `claim` on `message` by a lease; false once it is lost (held past its lease and
+    /// Extends `claim` on `message` by a lease, at `now` on the worker's clock (the lease itself
+    /// runs on Redis's, see [`crate::clock`]); false once it is lost (held past its lease and
     /// taken by another delivery), when renewing is pointless. For [`Claim::held_while`].
-    pub async fn renew_claim(&self, message: &SendRequest, claim: &Claim) -> bool {
-        match self.claim_op(message, Utc::now(), claim, Mode::Renew).await {
+    pub async fn renew_claim(
+        &self,
+        message: &SendRequest,
+        claim: &Claim,
+        now: DateTime<Utc>,
+    ) -> bool {
+        match self.claim_op(message, now, claim, Mode::Renew).await {
             Ok(Reply::Ran { done: false, .. }) => {
                 tracing::warn!(message_id = %message.id,
                     "in-flight claim lost (held past its lease); a copy may be decided");
@@ -539,13 +481,10 @@ impl Limiter {
         }
     }
 
-    /// Drops `claim` on `message`, for a delivery given up without a dispatch; errors are left
-    /// to the lease.
-    pub async fn release_claim(&self, message: &SendRequest, claim: &Claim) {
-        if let Err(e) = self
-            .claim_op(message, Utc::now(), claim, Mode::Release)
-            .await
-        {
+    /// Drops `claim` on `message` at `now`, for a delivery given up without a dispatch; errors
+    /// are left to the lease.
+    pub async fn release_claim(&self, message: &SendRequest, claim: &Claim, now: DateTime<Utc>) {
+        if let Err(e) = self.claim_op(message, now, claim, Mode::Release).await {
             tracing::debug!(error = %e, "in-flight claim not released; it expires with its lease");
         }
     }
@@ -826,21 +765,6 @@ struct ScopesRun<'r> {
 }
 
 impl Evaluation {
-    /// What happens to `message`: [`decision::decide`] on these verdicts, with a denial's
-    /// `retry_after` and a delay's end moved past the quiet periods of the quiet-hours rules
-    /// matching it (a rule that admits now can refuse then), and a delay that would outlast
-    /// the message's deadline (from `receipt`) made [`Outcome::Expired`]. The one way an
-    /// outcome is made, so the worker, `check` and `POST /v1/check` cannot tell a message
-    /// different instants.
-    pub fn outcome(&self, policy: &Policy, message: &SendRequest, receipt: &Receipt) -> Outcome {
-        let outcome = decision::decide(self.verdicts())
-            .postponed(|t| Limiter::admissible_after(policy, message, t));
-        deadline::enforce(
-            outcome,
-            receipt.deadline_after(message, policy, self.verdicts()),
-        )
-    }
-
     /// Every applicable rule's verdict, in policy order; none when nothing was decided.
     pub fn verdicts(&self) -> &[Verdict] {
         match self {

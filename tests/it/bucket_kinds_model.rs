@@ -28,10 +28,10 @@ use chrono::{DateTime, Duration, NaiveTime, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
 use sendquota::config::{RedisSettings, Settings};
-use sendquota::internals::decision::Verdict;
 use sendquota::internals::kinds::Kind;
 use sendquota::internals::limiter::Evaluation;
 use sendquota::internals::message::SendRequest;
+use sendquota::internals::outcome::Verdict;
 use sendquota::internals::policy::Policy;
 
 // ---------------------------------------------------------------------------------------------

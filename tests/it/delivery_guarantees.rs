@@ -385,7 +385,7 @@ fn a_second_delivery_of_an_id_in_flight_is_told_so_and_decides_nothing() {
                 !copy.committed() && copy.verdicts().is_empty(),
                 "{target}, {name}: {copy:?}"
             );
-            h.rt.block_on(h.limiter.release_claim(&m, &first));
+            h.rt.block_on(h.limiter.release_claim(&m, &first, now));
             let after = h.evaluate_claimed(&policy, &m, now, &second);
             assert!(
                 after.committed(),

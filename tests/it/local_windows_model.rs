@@ -16,6 +16,7 @@ use chrono::{DateTime, Datelike, Duration, Timelike, Utc};
 use chrono_tz::Tz;
 use proptest::prelude::*;
 use sendquota::internals::deadline::Receipt;
+use sendquota::internals::decision;
 use support::model::{decoded, policy, LimiterHarness};
 
 const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
@@ -91,7 +92,8 @@ fn decide(
     let verdict = &eval.verdicts()[0];
     assert_eq!(verdict.remaining, None, "clock rules do not count");
     assert_eq!(
-        eval.outcome(policy, &message, &Receipt::new(now))
+        decision::decide(policy, &message, &Receipt::new(now), eval.verdicts())
+            .outcome
             .retry_after(),
         verdict.retry_after,
         "the outcome waits for the rule alone"

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use sendquota::config::Settings;
-use sendquota::internals::decision::Verdict;
 use sendquota::internals::keys::{rule_key, scope_tag};
 use sendquota::internals::kinds::human_ms;
 use sendquota::internals::message::SendRequest;
+use sendquota::internals::outcome::Verdict;
 use sendquota::internals::policy::{Policy, ScopeValue};
 use support::model::LimiterHarness;
 

@@ -28,17 +28,20 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Postgres, Transaction};
 use tokio::sync::watch;
 
-use crate::broker::{self, BrokerError, Publisher};
+use super::steps::{ActError, Steps};
+use crate::broker::{self, Publisher};
+use crate::clock::Clock;
 use crate::deadline::{self, Receipt};
-use crate::denials::{DenialError, DenialRow};
+use crate::decision;
+use crate::denials::DenialRow;
 use crate::failpoint::{self, Failpoint};
-use crate::limiter::LimiterError;
+use crate::limiter::Limiter;
 use crate::message::SendRequest;
-use crate::pipeline::Pipeline;
 use crate::policy::Rule;
+use crate::reload::LiveRules;
 
 /// The header carrying how many requests a digest holds, so a sender can tell a digest from a
 /// single message without reading the body.
@@ -56,40 +59,6 @@ const GROUPS_PER_FLUSH: i64 = 200;
 /// when that worker's Postgres session is lost meanwhile; a digest whose worker crashed is
 /// sent by another once it runs out.
 pub const SEND_LEASE: Duration = Duration::from_secs(60);
-
-/// Failures of holding or flushing: the message is retried, the group flushed next time.
-#[derive(Debug, thiserror::Error)]
-pub enum DigestError {
-    /// Postgres failed.
-    #[error("postgres (digests): {0}")]
-    Database(#[from] sqlx::Error),
-    /// Redis failed the digest's decision.
-    #[error(transparent)]
-    Limiter(#[from] LimiterError),
-    /// Redis failed reading or writing a dispatch mark.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    /// RabbitMQ failed the digest's publish.
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
-    /// An expired item's denial row was not written.
-    #[error(transparent)]
-    Denials(#[from] DenialError),
-    /// The digest body could not be written as JSON.
-    #[error("digest body: {0}")]
-    Body(#[from] serde_json::Error),
-    /// The broker neither took nor refused the digest in time: it may still take it, so it is
-    /// left leased (see [`SEND_LEASE`]).
-    #[error("rabbitmq: the digest's publish was not confirmed within {0:?}")]
-    PublishTimeout(Duration),
-}
-
-/// The held messages in Postgres, and how often they are flushed.
-#[derive(Debug, Clone)]
-pub struct Digests {
-    pool: PgPool,
-    flush_interval: Duration,
-}
 
 /// One held request as the flusher reads it.
 #[derive(Debug, sqlx::FromRow)]
@@ -122,42 +91,6 @@ struct BodyFields<'a> {
     messages: Vec<&'a RawValue>,
 }
 
-/// One group of held messages as `sendquota digests` lists it.
-#[derive(Debug, Serialize, sqlx::FromRow)]
-pub struct HeldGroup {
-    /// The recipient.
-    pub recipient: String,
-    /// The digest rule holding them.
-    pub rule: String,
-    /// The `digest_by` value; `null` without one.
-    pub group: Option<String>,
-    /// How many messages are held.
-    pub held: i64,
-    /// When the oldest was held.
-    pub oldest: DateTime<Utc>,
-    /// The digest admitted for them and not yet sent (a worker stopped mid-way), if any.
-    pub digest_id: Option<String>,
-    /// Not looked at before this instant (the rules had no room for its digest).
-    pub flush_after: Option<DateTime<Utc>>,
-}
-
-/// The groups of held messages, to `recipient` only when given, oldest first: what an
-/// operator asks when a digest is awaited.
-pub async fn held_groups(
-    pool: &PgPool,
-    recipient: Option<&str>,
-) -> Result<Vec<HeldGroup>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT recipient, rule, NULLIF(group_key, '') AS \"group\", count(*) AS held, \
-         min(held_at) AS oldest, max(digest_id) AS digest_id, max(flush_after) AS flush_after \
-         FROM digest_items WHERE $1::TEXT IS NULL OR recipient = $1 \
-         GROUP BY recipient, rule, group_key ORDER BY min(id)",
-    )
-    .bind(recipient)
-    .fetch_all(pool)
-    .await
-}
-
 /// What one flush did, for tests and logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Flushed {
@@ -171,49 +104,9 @@ pub struct Flushed {
 
 impl Flushed {
     /// Counts and logs the failure `error` of the digest or group named by `what` and `name`.
-    fn failed(&mut self, error: &DigestError, what: &str, name: &str) {
+    fn failed(&mut self, error: &ActError, what: &str, name: &str) {
         self.failed += 1;
         tracing::warn!(%error, name, "{what}; tried again at the next flush");
-    }
-}
-
-impl Digests {
-    /// Held messages in `pool`'s `digest_items`, flushed every `flush_interval`.
-    pub fn new(pool: PgPool, flush_interval: Duration) -> Digests {
-        Digests {
-            pool,
-            flush_interval,
-        }
-    }
-
-    /// Holds `message`, refused by the digest rule `rule` at `now`, for the rule's next digest
-    /// to its recipient in `group` (see [`group_of`]); `deadline` is the instant past which it
-    /// is dropped from it. A copy of a message held already is held once. Durable when this
-    /// returns: the delivery may be acked.
-    pub async fn hold(
-        &self,
-        message: &SendRequest,
-        rule: &str,
-        group: &str,
-        deadline: Option<DateTime<Utc>>,
-        now: DateTime<Utc>,
-    ) -> Result<(), DigestError> {
-        sqlx::query(
-            "INSERT INTO digest_items (recipient, rule, group_key, channel, message_id, \
-             message_text, expires_at, held_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(&message.recipient)
-        .bind(rule)
-        .bind(group)
-        .bind(&message.channel)
-        .bind(&message.id)
-        .bind(message.to_json_text())
-        .bind(deadline)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
     }
 }
 
@@ -233,23 +126,19 @@ pub fn digest_id(rule: &str, recipient: &str, group: &str, first_item: i64) -> S
     format!("digest:{rule}:{recipient}:{group}:{first_item}")
 }
 
-/// Flushes every `pipeline.digests` interval until `stop`, publishing through `publisher`.
-/// A failed flush is logged and tried again at the next interval: the items stay held.
+/// Flushes every `flusher.interval` until `stop`, publishing through `publisher`. A failed
+/// flush is logged and tried again at the next interval: the items stay held.
 pub async fn flush_until_stopped(
-    pipeline: Arc<Pipeline>,
+    flusher: Arc<Flusher>,
     publisher: Publisher,
     mut stop: watch::Receiver<bool>,
 ) {
-    let flusher = Flusher {
-        pipeline: &pipeline,
-        publisher: &publisher,
-    };
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(pipeline.digests.flush_interval) => {}
+            _ = tokio::time::sleep(flusher.interval) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        match flusher.flush().await {
+        match flusher.flush(&publisher).await {
             Ok(flushed) if flushed != Flushed::default() => {
                 tracing::info!(
                     sent = flushed.sent,
@@ -264,20 +153,30 @@ pub async fn flush_until_stopped(
     }
 }
 
-/// One worker's flush: what it needs of the pipeline, and where it publishes.
-pub struct Flusher<'a> {
-    /// The worker's pipeline (rules, limiter, marks, denials, clock, names, digests).
-    pub pipeline: &'a Pipeline,
-    /// The session's publisher.
-    pub publisher: &'a Publisher,
+/// What a flush needs: the rules and the limiter to decide a digest as one message, the act
+/// steps that make its outcome durable (the same as a delivery's), the clock, and how often
+/// it runs.
+pub struct Flusher {
+    /// The act steps: dispatch marks, denial rows, the held items, the dispatch exchange.
+    pub steps: Arc<Steps>,
+    /// Quota state in Redis.
+    pub limiter: Limiter,
+    /// The running rules: each group is decided under one snapshot.
+    pub rules: LiveRules,
+    /// The worker's clock.
+    pub clock: Arc<dyn Clock>,
+    /// Largest accepted body, to read held requests back.
+    pub max_body_bytes: usize,
+    /// How often a flush runs.
+    pub interval: Duration,
 }
 
-impl Flusher<'_> {
+impl Flusher {
     /// Sends the digests admitted before and not yet sent (a crash, or another worker
     /// stopping mid-way), then takes up every group with held items: drops and records the
     /// expired ones, and sends a digest of the rest when the limiter admits it.
-    pub async fn flush(&self) -> Result<Flushed, DigestError> {
-        let pool = &self.pipeline.digests.pool;
+    pub async fn flush(&self, publisher: &Publisher) -> Result<Flushed, ActError> {
+        let pool = self.steps.held.pool();
         let mut flushed = Flushed::default();
         let pending: Vec<String> = sqlx::query_scalar(
             "SELECT digest_id FROM digest_items WHERE digest_id IS NOT NULL \
@@ -289,7 +188,7 @@ impl Flusher<'_> {
         // One digest or group that fails (a channel no queue is bound to, a rule's Redis
         // call) is logged and left for the next flush: the others go out meanwhile.
         for id in pending {
-            match self.send(&id).await {
+            match self.send(publisher, &id).await {
                 Ok(sent) => flushed.sent += usize::from(sent),
                 Err(e) => flushed.failed(&e, "digest not sent", &id),
             }
@@ -302,7 +201,7 @@ impl Flusher<'_> {
              ORDER BY min(id) LIMIT $1",
         )
         .bind(GROUPS_PER_FLUSH)
-        .bind(self.pipeline.clock.now())
+        .bind(self.clock.now())
         .fetch_all(pool)
         .await?;
         for (recipient, rule, group) in groups {
@@ -315,7 +214,7 @@ impl Flusher<'_> {
             };
             flushed.expired += took.expired;
             if let Some(id) = took.admitted {
-                match self.send(&id).await {
+                match self.send(publisher, &id).await {
                     Ok(sent) => flushed.sent += usize::from(sent),
                     Err(e) => flushed.failed(&e, "digest not sent", &id),
                 }
@@ -332,8 +231,8 @@ impl Flusher<'_> {
         recipient: &str,
         rule_name: &str,
         group: &str,
-    ) -> Result<Took, DigestError> {
-        let pool = &self.pipeline.digests.pool;
+    ) -> Result<Took, ActError> {
+        let pool = self.steps.held.pool();
         let mut tx = pool.begin().await?;
         if !try_lock(&mut tx, &["group", recipient, rule_name, group]).await? {
             return Ok(Took::default());
@@ -356,8 +255,8 @@ impl Flusher<'_> {
             return Ok(Took::default());
         };
         let id = digest_id(rule_name, recipient, group, oldest);
-        let now = self.pipeline.clock.now();
-        let rules = self.pipeline.rules.current();
+        let now = self.clock.now();
+        let rules = self.rules.current();
         let rule = rules.policy.rule(rule_name);
         let (expired, live): (Vec<Item>, Vec<Item>) = items
             .into_iter()
@@ -379,7 +278,6 @@ impl Flusher<'_> {
             return Ok(took);
         };
         let evaluation = self
-            .pipeline
             .limiter
             .evaluate(&rules.policy, &request, now, true)
             .await?;
@@ -387,9 +285,9 @@ impl Flusher<'_> {
         // Dispatched: it went out before and its items were held again since (a copy); they
         // are sent with it, which the dispatch mark stops from going twice.
         if evaluation.committed() || evaluation.dispatched() {
-            if failpoint::fails_after_decision(self.pipeline.failpoint, recipient) {
+            if failpoint::fails_after_decision(self.steps.failpoint, recipient) {
                 let gone = failpoint::gone("fail-after-decision");
-                return Err(DigestError::Database(sqlx::Error::Io(gone)));
+                return Err(ActError::Held(sqlx::Error::Io(gone)));
             }
             sqlx::query("UPDATE digest_items SET digest_id = $1 WHERE id = ANY($2)")
                 .bind(&id)
@@ -398,8 +296,9 @@ impl Flusher<'_> {
                 .await?;
             took.admitted = Some(id);
         } else {
-            let room = evaluation
-                .outcome(&rules.policy, &request, &Receipt::new(now))
+            let receipt = Receipt::new(now);
+            let room = decision::decide(&rules.policy, &request, &receipt, evaluation.verdicts())
+                .outcome
                 .retry_after()
                 .filter(|at| *at > now);
             sqlx::query("UPDATE digest_items SET flush_after = $1 WHERE id = ANY($2)")
@@ -420,7 +319,7 @@ impl Flusher<'_> {
     /// held across the publish would be released by a lost Postgres session while the publish
     /// goes on, and another worker would send the digest too. Once the broker has it, the
     /// marks and the delete are each tried on their own: either tells a later attempt it went.
-    async fn send(&self, id: &str) -> Result<bool, DigestError> {
+    async fn send(&self, publisher: &Publisher, id: &str) -> Result<bool, ActError> {
         let Some(items) = self.lease(id).await? else {
             return Ok(false);
         };
@@ -428,8 +327,8 @@ impl Flusher<'_> {
         let Some(request) = self.request(&items, id) else {
             return Ok(false);
         };
-        let now = self.pipeline.clock.now();
-        let marks = &self.pipeline.marks;
+        let now = self.clock.now();
+        let marks = &self.steps.marks;
         let published = match marks.is_marked(&request, now).await {
             Ok(marked) => !marked,
             Err(e) => {
@@ -438,12 +337,12 @@ impl Flusher<'_> {
             }
         };
         if published {
-            if failpoint::armed(self.pipeline.failpoint, Failpoint::SlowIds)
+            if failpoint::armed(self.steps.failpoint, Failpoint::SlowIds)
                 && request.recipient.starts_with("slow-")
             {
                 tokio::time::sleep(failpoint::SLOW_IDS_HOLD).await;
             }
-            match tokio::time::timeout(SEND_LEASE / 2, self.publish(id, &items)).await {
+            match tokio::time::timeout(SEND_LEASE / 2, self.publish(publisher, id, &items)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     // Not taken by the broker: the next flush may try at once.
@@ -451,7 +350,7 @@ impl Flusher<'_> {
                     return Err(e);
                 }
                 // The broker may still take it: the lease keeps the others off meanwhile.
-                Err(_) => return Err(DigestError::PublishTimeout(SEND_LEASE / 2)),
+                Err(_) => return Err(ActError::PublishTimeout(SEND_LEASE / 2)),
             }
             if let Err(e) = self.mark_sent(&request, now).await {
                 tracing::warn!(digest = id, error = %e,
@@ -466,15 +365,15 @@ impl Flusher<'_> {
         }
         sqlx::query("DELETE FROM digest_items WHERE digest_id = $1")
             .bind(id)
-            .execute(&self.pipeline.digests.pool)
+            .execute(self.steps.held.pool())
             .await?;
         Ok(published)
     }
 
     /// The items of digest `id`, leased to this worker for [`SEND_LEASE`]; `None` when
     /// another worker holds the digest or its lease, or it has no items left.
-    async fn lease(&self, id: &str) -> Result<Option<Vec<Item>>, DigestError> {
-        let mut tx = self.pipeline.digests.pool.begin().await?;
+    async fn lease(&self, id: &str) -> Result<Option<Vec<Item>>, ActError> {
+        let mut tx = self.steps.held.pool().begin().await?;
         if !try_lock(&mut tx, &["digest", id]).await? {
             return Ok(None);
         }
@@ -500,7 +399,7 @@ impl Flusher<'_> {
         let released =
             sqlx::query("UPDATE digest_items SET sending_until = NULL WHERE digest_id = $1")
                 .bind(id)
-                .execute(&self.pipeline.digests.pool)
+                .execute(self.steps.held.pool())
                 .await;
         if let Err(e) = released {
             tracing::warn!(digest = id, error = %e, "digest lease not released; it runs out");
@@ -513,14 +412,19 @@ impl Flusher<'_> {
         request: &SendRequest,
         now: DateTime<Utc>,
     ) -> Result<(), redis::RedisError> {
-        if failpoint::fails_after_decision(self.pipeline.failpoint, &request.recipient) {
+        if failpoint::fails_after_decision(self.steps.failpoint, &request.recipient) {
             return Err(failpoint::gone("fail-after-decision").into());
         }
-        self.pipeline.marks.mark_dispatched(request, now).await
+        self.steps.marks.mark_dispatched(request, now).await
     }
 
     /// Publishes the digest `id` of `items` (one group's, at least one) on their channel.
-    async fn publish(&self, id: &str, items: &[Item]) -> Result<(), DigestError> {
+    async fn publish(
+        &self,
+        publisher: &Publisher,
+        id: &str,
+        items: &[Item],
+    ) -> Result<(), ActError> {
         let first = &items[0];
         let messages = items
             .iter()
@@ -540,8 +444,8 @@ impl Flusher<'_> {
         let count = body.digest.count.to_string();
         let body = serde_json::to_vec(&body)?;
         let props = broker::json_properties(Some(id), &[(COUNT_HEADER, count)]);
-        self.publisher
-            .publish(&self.pipeline.names.dispatch, &first.channel, &body, props)
+        self.steps
+            .publish_dispatch(publisher, &first.channel, &body, props)
             .await?;
         Ok(())
     }
@@ -553,7 +457,7 @@ impl Flusher<'_> {
     /// goes out in the digest as it is, and holds no group back. `None` when none reads back.
     fn request(&self, items: &[Item], id: &str) -> Option<SendRequest> {
         items.iter().find_map(|item| {
-            let max = self.pipeline.max_body_bytes.max(item.message_text.len());
+            let max = self.max_body_bytes.max(item.message_text.len());
             match SendRequest::decode(item.message_text.as_bytes(), max) {
                 Ok(held) => Some(SendRequest {
                     id: id.to_owned(),
@@ -577,8 +481,8 @@ impl Flusher<'_> {
         item: &Item,
         rule: Option<&Rule>,
         now: DateTime<Utc>,
-    ) -> Result<(), DigestError> {
-        let max = self.pipeline.max_body_bytes.max(item.message_text.len());
+    ) -> Result<(), ActError> {
+        let max = self.max_body_bytes.max(item.message_text.len());
         let message = match SendRequest::decode(item.message_text.as_bytes(), max) {
             Ok(message) => message,
             Err(e) => {
@@ -586,17 +490,10 @@ impl Flusher<'_> {
                 return Ok(());
             }
         };
-        self.pipeline
-            .denials
-            .write(DenialRow {
-                rule: item.rule.clone(),
-                kind: rule
-                    .map_or(deadline::DEADLINE_RULE, |r| r.kind.name())
-                    .to_owned(),
-                reason: deadline::EXPIRED_REASON.to_owned(),
-                expires_at: item.expires_at,
-                ..DenialRow::for_message(&message, now)
-            })
+        let kind = rule.map_or(deadline::DEADLINE_RULE, |r| r.kind.name());
+        let row = DenialRow::for_message(&message, now);
+        self.steps
+            .expire(row, &item.rule, kind, item.expires_at, None)
             .await?;
         Ok(())
     }
