@@ -70,6 +70,43 @@ local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
+-- Levels carried over to other parameters are kept below this (2^52), so that every sum of them
+-- stays exact; a level that large takes longer to drain than any key lives.
+local LEVEL_LIMIT = 4503599627370496
+
+-- x * a / b rounded down (up when `up`), exact, at most `limit`, for whole numbers 0 <= x < 2^53,
+-- 0 < a, b < 2^51: how a level kept in units of 1/b converts to units of 1/a (a rule whose
+-- rate changed). The product can exceed 2^53, so it is not formed: x = q * b + r (fmod is
+-- exact), and r * a / b is built from a's bits with every intermediate below 2 * b.
+local function mul_div(x, a, b, up, limit)
+  local r = math.fmod(x, b)
+  local q = (x - r) / b
+  if q * a >= limit then
+    return limit
+  end
+  local whole, rest, bit, left = 0, 0, 1, a
+  while bit * 2 <= left do
+    bit = bit * 2
+  end
+  while bit >= 1 do
+    whole, rest = whole * 2, rest * 2
+    if rest >= b then
+      whole, rest = whole + 1, rest - b
+    end
+    if left >= bit then
+      left, rest = left - bit, rest + r
+      if rest >= b then
+        whole, rest = whole + 1, rest - b
+      end
+    end
+    bit = bit / 2
+  end
+  if up and rest > 0 then
+    whole = whole + 1
+  end
+  return math.min(q * a + whole, limit)
+end
+
 -- The ms at which ID was admitted, if that was less than `memory_ms` ago.
 local function admitted_at(ids, memory_ms)
   local at = redis.call('ZSCORE', ids, ID)
