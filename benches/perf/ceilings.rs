@@ -54,6 +54,9 @@ impl LuaLoop {
             .timestamp_millis()
             .to_string();
         let reach = window_reach(7).num_milliseconds();
+        let day_end = day_start(today + 1, chrono_tz::UTC)
+            .timestamp_millis()
+            .to_string();
         let today = today.to_string();
         let end = range.end;
         let began = Instant::now();
@@ -78,7 +81,7 @@ impl LuaLoop {
                         .arg(1)
                         .arg("calendar_quota")
                         .arg("1")
-                        .arg("8")
+                        .arg("9")
                         .arg(&today)
                         .arg(&day_begin)
                         .arg(&window_begin)
@@ -86,7 +89,8 @@ impl LuaLoop {
                         .arg(3)
                         .arg(7)
                         .arg(at_ms + i as i64 - reach)
-                        .arg(reach);
+                        .arg(reach)
+                        .arg(&day_end);
                 }
                 let mut conn = self.conn.clone();
                 async move { pipe.query_async::<Vec<Value>>(&mut conn).await }

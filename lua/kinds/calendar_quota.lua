@@ -13,7 +13,8 @@
 --       first instant of today in the message's zone), WINDOW_BEGIN (ms, the first instant of
 --       the window's first day), PER_DAY, PER_WINDOW, WINDOW_DAYS, FORGET_BEFORE (ms: no
 --       zone's window reaches an entry older than this), KEEP_MS (how long the key must live
---       after an admission: until FORGET_BEFORE passes the new entry).
+--       after an admission: until FORGET_BEFORE passes the new entry), DAY_END (ms, the first
+--       instant of tomorrow in the message's zone).
 -- Reply: {allowed, already, remaining, retry, day_full}: remaining = sends still allowed
 --       after this one (or now, when denied or already admitted). When denied: retry = the
 --       score of the in-window entry whose leaving the window makes room (-1 when the window
@@ -23,18 +24,23 @@
 -- Entries no zone still counts are removed when committing, never one some zone still counts,
 -- and an id is recognised as already admitted exactly while its entry is inside the window. A
 -- denied attempt writes nothing.
+--
+-- Today's count and the window's end with today: an entry from tomorrow on (seen by a what-if
+-- at an instant before later sends, or by a worker whose clock lags the one that wrote it)
+-- counts on its own day and in the windows holding it, not today.
 
 -- Scores below this are local day numbers (legacy entries), above it instants in ms: a day
 -- number this large is 270,000 years away, an instant this small is 1970-01-02.
 local LEGACY_BELOW = 100000000
 
 -- Whether an entry scored `s` counts in the window and on today: instants from the window's
--- and the day's first instants, legacy day numbers from the window's first day and today.
-local function counts(s, first, today, window_begin, day_begin)
+-- and the day's first instants to the day's end, legacy day numbers from the window's first
+-- day to today.
+local function counts(s, first, today, window_begin, day_begin, day_end)
   if s < LEGACY_BELOW then
-    return s >= first, s >= today
+    return s >= first and s <= today, s == today
   end
-  return s >= window_begin, s >= day_begin
+  return s >= window_begin and s < day_end, s >= day_begin and s < day_end
 end
 
 -- The check reads the key in one pass without copying it and hands commit what it learnt in
@@ -43,7 +49,7 @@ end
 -- (each conversion is a strtod); ARGV strings are passed to Redis as they came.
 KINDS.calendar_quota = {
   check = function(key, _, today, day_begin, window_begin, per_day, per_window, days,
-                   forget_before)
+                   forget_before, _, day_end)
     per_day, per_window = per_day + 0, per_window + 0
     -- The set holds at most a window's admissions plus a few stale ones, so reading all of
     -- it is the cheapest read.
@@ -53,7 +59,7 @@ KINDS.calendar_quota = {
       return {1, 0, math.min(per_day, per_window) - 1, -1, 0, 0, true}
     end
     today, day_begin, window_begin = today + 0, day_begin + 0, window_begin + 0
-    forget_before = forget_before + 0
+    forget_before, day_end = forget_before + 0, day_end + 0
     local first = today - days + 1
     -- Legacy entries are forgotten a day later than the window's first day: local dates on
     -- Earth differ by up to two days at one instant.
@@ -61,7 +67,7 @@ KINDS.calendar_quota = {
     local on_day, in_window, stale, admitted = 0, 0, 0, false
     for i = 1, #entries, 2 do
       local s = entries[i + 1] + 0
-      local in_w, on_d = counts(s, first, today, window_begin, day_begin)
+      local in_w, on_d = counts(s, first, today, window_begin, day_begin, day_end)
       if in_w then
         in_window = in_window + 1
         if on_d then on_day = on_day + 1 end
@@ -87,7 +93,7 @@ KINDS.calendar_quota = {
       local k = in_window - per_window + 1
       for i = 1, #entries, 2 do
         local s = entries[i + 1] + 0
-        if counts(s, first, today, window_begin, day_begin) then
+        if counts(s, first, today, window_begin, day_begin, day_end) then
           k = k - 1
           if k == 0 then
             retry = s

@@ -9,12 +9,16 @@
 -- Where common fixed-window limiters go wrong, this one does not: a denied attempt writes
 -- nothing (no INCR before the check), and the expiry is set in the same script as the write,
 -- from the window's start, never 0.
+--
+-- A decision at NOW before the window's start (a worker whose clock lags another's) counts in
+-- that window, so that the send is counted somewhere; a what-if (WHAT_IF) there counts nothing:
+-- the window NOW lies in, if any, is an earlier one, no longer kept.
 
 KINDS.fixed_window = {
   check = function(key, ids, limit, window)
     limit, window = limit + 0, window + 0
     local s = hash_numbers(key)
-    local active = s.start ~= nil and NOW < s.start + window
+    local active = s.start ~= nil and NOW < s.start + window and not (WHAT_IF and NOW < s.start)
     local count = active and s.count or 0
     local left = limit - count
     if active then

@@ -1,88 +1,102 @@
 -- sliding_window.lua: at most LIMIT sends in any WINDOW_MS, counted in sub-windows of SUB_MS
 -- (WINDOW_MS is a multiple of SUB_MS). A sub-window with index i = floor(ms / SUB_MS) counts
--- until ms reaches (i + WINDOW_MS / SUB_MS) * SUB_MS.
+-- from ms i * SUB_MS until ms reaches (i + WINDOW_MS / SUB_MS) * SUB_MS.
 --
--- KEYS: state (see STORAGE); ids = admitted ids (score = ms admitted), kept WINDOW_MS.
+-- KEYS: state (see STORAGE); ids = admitted ids (score = ms admitted), kept WINDOW_MS, and the
+--       sub-window length the state is numbered in (sub_admitted in prelude.lua).
 -- ARGV (this rule's slice): LIMIT, WINDOW_MS, SUB_MS, STORAGE (0 = hash, 1 = list).
 --   hash storage: {<sub-window index> = count}.
 --   list storage: [total, i1, c1, i2, c2, ...], pairs in increasing index order; expired pairs
 --                 are removed from the head by position, all of them, never by value.
 -- Reply: {allowed, already, remaining, retry_ms, 0}: remaining = sends left in the window after
 --        this one; retry_ms = when enough sub-windows have expired for one more send.
-
--- In-window {index, count} pairs in increasing index order, and the state as read (the hash's
--- fields as numbers, or the whole list), which commit reuses instead of reading it again.
-local function sliding_pairs(key, storage, first)
-  local pairs_out = {}
-  local state
-  if storage == 0 then
-    state = hash_numbers(key)
-    for field, c in pairs(state) do
-      local i = field + 0
-      if i >= first then
-        pairs_out[#pairs_out + 1] = {i, c}
-      end
-    end
-    table.sort(pairs_out, function(a, b) return a[1] < b[1] end)
-  else
-    state = redis.call('LRANGE', key, 0, -1)
-    for j = 2, #state, 2 do
-      local i = state[j] + 0
-      if i >= first then
-        pairs_out[#pairs_out + 1] = {i, state[j + 1] + 0}
-      end
-    end
-  end
-  return pairs_out, state
-end
-
--- When a window holding `subs` (in-window {index, count} pairs, oldest first) has room for one
--- more send under `limit`: the moment the oldest sub-windows that must go have expired.
-local function sliding_retry(subs, count, limit, n, sub)
-  for _, p in ipairs(subs) do
-    count = count - p[2]
-    if count + 1 <= limit then
-      return (p[1] + n) * sub
-    end
-  end
-  return -1
-end
+--
+-- A sub-window after NOW's (a worker whose clock ran ahead, or a what-if before later sends)
+-- neither counts nor makes its ids recognised yet; it counts from its own start, and retry_ms
+-- allows for that. A rule whose storage or sub_window changed (a reload, same name and kind)
+-- keeps its counts: the state is read in the storage it was written in, counts move to the
+-- new sub-window holding their sub-window's start, and the next admission writes it anew.
 
 local function sliding_check(key, ids, limit, window, sub, storage)
   local n = window / sub
   local current = math.floor(NOW / sub)
-  local subs, state = sliding_pairs(key, storage, current - n + 1)
+  local at, kept_sub = sub_admitted(ids)
+  local subs, state, anew = sub_windows(key, storage, sub, kept_sub)
   local count = 0
-  for _, p in ipairs(subs) do count = count + p[2] end
+  for _, p in ipairs(subs) do
+    if p[1] > current - n and p[1] <= current then count = count + p[2] end
+  end
   local left = limit - count
-  if admitted_at(ids, window) then
-    return {1, 1, math.max(left, 0), -1, 0}, subs
+  local own = at and at > NOW - window and math.floor(at / sub) or nil
+  if own and own <= current then
+    return {1, 1, math.max(left, 0), -1, 0}
   end
   if left >= 1 then
-    -- The key is created by commit when nothing was read (no expiry to keep yet).
-    return {1, 0, left - 1, -1, 0, state = state, fresh = next(state) == nil}, subs
+    -- Commit reuses what was read; a key created anew has no expiry to keep.
+    return {1, 0, left - 1, -1, 0, subs = subs, state = state, anew = anew, fresh = #subs == 0}
   end
-  return {0, 0, 0, sliding_retry(subs, count, limit, n, sub), 0}, subs
+  local points, weights = {}, {}
+  for j, p in ipairs(subs) do
+    points[j], weights[j] = p[1], p[2]
+  end
+  local fits = first_fit(points, weights, {limit}, {n}, current, own)
+  return {0, 0, 0, fits < 0 and -1 or fits * sub, 0}
+end
+
+-- Writes the counters `subs` ({index, count} in increasing index order) as the whole state.
+local function sliding_write(key, subs, storage)
+  redis.call('DEL', key)
+  local flat = {}
+  local total = 0
+  for _, p in ipairs(subs) do
+    flat[#flat + 1] = int(p[1])
+    flat[#flat + 1] = int(p[2])
+    total = total + p[2]
+  end
+  if storage == 0 then
+    redis.call('HSET', key, unpack(flat))
+  else
+    redis.call('RPUSH', key, int(total), unpack(flat))
+  end
 end
 
 KINDS.sliding_window = {
   check = function(key, ids, limit, window, sub, storage)
-    local result = sliding_check(key, ids, limit + 0, window + 0, sub + 0, storage + 0)
-    return result
+    return sliding_check(key, ids, limit + 0, window + 0, sub + 0, storage + 0)
   end,
 
-  commit = function(key, ids, seen, _, window, sub, storage)
-    window, sub, storage = window + 0, sub + 0, storage + 0
+  commit = function(key, ids, seen, _, window, sub_arg, storage)
+    local sub
+    window, sub, storage = window + 0, sub_arg + 0, storage + 0
     local n = window / sub
     local current = math.floor(NOW / sub)
     local newest = current
-    if storage == 0 then
-      for field, _ in pairs(seen.state) do
-        local i = field + 0
-        if i <= current - n then
-          redis.call('HDEL', key, field)
-        elseif i > newest then
-          newest = i
+    local fresh = seen.fresh
+    if seen.anew then
+      -- Kept in another storage or numbered in other sub-windows: written anew, the expired
+      -- counters left out.
+      local kept, placed = {}, false
+      for _, p in ipairs(seen.subs) do
+        if p[1] > current - n then
+          if p[1] == current then
+            p[2], placed = p[2] + 1, true
+          end
+          kept[#kept + 1] = p
+          if p[1] > newest then newest = p[1] end
+        end
+      end
+      if not placed then
+        kept[#kept + 1] = {current, 1}
+        table.sort(kept, function(a, b) return a[1] < b[1] end)
+      end
+      sliding_write(key, kept, storage)
+      fresh = true
+    elseif storage == 0 then
+      for _, p in ipairs(seen.subs) do
+        if p[1] <= current - n then
+          redis.call('HDEL', key, p[3])
+        elseif p[1] > newest then
+          newest = p[1]
         end
       end
       redis.call('HINCRBY', key, int(current), 1)
@@ -127,8 +141,8 @@ KINDS.sliding_window = {
         redis.call('LPUSH', key, int(total + 1))
       end
     end
-    remember(ids, window)
-    expire_in_at_least(key, (newest + n) * sub - NOW, seen.fresh)
+    sub_remember(ids, window, sub_arg)
+    expire_in_at_least(key, (newest + n) * sub - NOW, fresh)
   end,
 
   refund = function(key, ids, _, window, sub, storage)

@@ -62,8 +62,9 @@ pub(super) fn parse(p: &mut Params<'_>) -> Result<CalendarQuota, String> {
 
 /// The script's arguments for a decision at `now` in `zone`: today's day number (for entries
 /// kept as day numbers), the first instants of today and of the window in `zone`, the limits,
-/// and the instants before which no zone's window reaches (entries are forgotten, the key
-/// expires).
+/// the instants before which no zone's window reaches (entries are forgotten, the key
+/// expires), and the first instant of tomorrow: today's count and the window's end there, so
+/// that a decision (a what-if above all) at an instant before later sends does not count them.
 pub(super) fn args(q: &CalendarQuota, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
     let today = day_number(now, zone);
     let days = i64::from(q.window_days);
@@ -77,6 +78,7 @@ pub(super) fn args(q: &CalendarQuota, now: DateTime<Utc>, zone: Tz) -> Vec<i64> 
         days,
         (now - reach).timestamp_millis(),
         reach.num_milliseconds(),
+        day_start(today + 1, zone).timestamp_millis(),
     ]
 }
 

@@ -389,6 +389,7 @@ mod tests {
                 "int",
                 "expire_in_at_least",
                 "ceil_div",
+                "mul_div",
                 "admitted_at",
                 "remember",
                 "claim_of",

@@ -7,6 +7,10 @@
 //! admitted, one millisecond earlier it is not); every key left behind has an expiry. Then one
 //! test per weak spot of the seed implementations these kinds were written to avoid.
 //!
+//! The same again with the rule reloaded now and then with other parameters (issue 38: a level
+//! kept in units of `period / gcd(rate, period)` was read in the new rule's units, so raising a
+//! token bucket's rate refilled it), and state written before the parameters were kept.
+//!
 //! Semantics every counting kind honours, and the models follow:
 //! - a refused attempt changes nothing, and a dry run never changes anything;
 //! - an id admitted within the rule's memory is admitted again without consuming anything;
@@ -112,6 +116,49 @@ fn ceil_div(a: i128, b: i128) -> i128 {
 trait Model {
     /// The decision on message `id` of `cost` at `now` (ms); consumes when `commit` and allowed.
     fn decide(&mut self, id: &str, now: i128, cost: u32, commit: bool) -> Decision;
+
+    /// The rule is reloaded with `kind` (same name, same kind, any parameters): the next
+    /// decisions are made under it, starting from what the old parameters left.
+    fn reconfigure(&mut self, kind: &Kind);
+}
+
+/// The first instant after `now` at which `fits`, which holds from some instant on: where a
+/// rule carries over state kept under other parameters, the state runs on under those until it
+/// is written again, so the send fits from the first instant whose carried-over state lets it.
+fn first_instant(now: i128, fits: impl Fn(i128) -> bool) -> i128 {
+    let (mut refused, mut step) = (now, 1);
+    while !fits(refused + step) {
+        refused += step;
+        step *= 2;
+    }
+    let mut admitted = refused + step;
+    while admitted - refused > 1 {
+        let mid = refused + (admitted - refused) / 2;
+        if fits(mid) {
+            admitted = mid;
+        } else {
+            refused = mid;
+        }
+    }
+    admitted
+}
+
+/// Greatest common divisor.
+fn gcd(a: i128, b: i128) -> i128 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// What a level kept in units of 1/`old_unit` send, `level`, is in units of 1/`new_unit` send,
+/// for a rule of `rate` per `new_unit` ms after a reload: the same amount, rounded up to the
+/// finest step the new rule's level takes (gcd(rate, period) / period of a send, as it moves by
+/// `rate` units a ms and by whole sends), so a change of parameters never owes less than before.
+fn carried(level: i128, old_unit: i128, new_unit: i128, rate: i128) -> i128 {
+    let step = gcd(rate, new_unit);
+    step * ceil_div(level * (new_unit / step), old_unit)
 }
 
 /// Ids admitted, with the ms they were admitted at, remembered for `memory` ms. Forgetting
@@ -141,167 +188,277 @@ impl Admitted {
     }
 }
 
-/// Leaky bucket: every send adds one to a level that leaks `rate` per `period`; a send that
-/// would lift the level above `capacity` is refused. One send = `period` units, `rate` units
-/// leak per ms. The level is stored as of `last`; nothing leaks before `last`.
-struct LeakyModel {
+/// A bucket's parameters in the models' units: one send = `unit` (the period in ms) units, and
+/// `rate` units leak or refill per ms; `cap` = the capacity in units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BucketUnits {
     cap: i128,
     unit: i128,
-    leak: i128,
-    /// (level, last) after the last admitted send; none before the first.
-    state: Option<(i128, i128)>,
+    rate: i128,
+}
+
+impl BucketUnits {
+    fn of(b: &sendquota::internals::kinds::Bucket) -> BucketUnits {
+        let unit = i128::from(b.period_ms);
+        BucketUnits {
+            cap: i128::from(b.capacity) * unit,
+            unit,
+            rate: i128::from(b.rate),
+        }
+    }
+
+    /// How long an empty bucket takes to fill (a full one to drain): the ids' memory.
+    fn memory(&self) -> i128 {
+        ceil_div(self.cap, self.rate)
+    }
+}
+
+/// Leaky bucket: every send adds one to a level that leaks `rate` per `period`; a send that
+/// would lift the level above `capacity` is refused. The level is stored as of `last`, with the
+/// parameters it was counted under; nothing leaks before `last`. Under other parameters (a
+/// reload) the level leaks under its own up to now, then is carried over in the new units.
+struct LeakyModel {
+    p: BucketUnits,
+    /// (level, last, parameters) after the last admitted send; none before the first.
+    state: Option<(i128, i128, BucketUnits)>,
     ids: Admitted,
+}
+
+fn leaky_units(kind: &Kind) -> BucketUnits {
+    let Kind::LeakyBucket(b) = kind else {
+        panic!("not a leaky bucket: {kind:?}")
+    };
+    BucketUnits::of(b)
 }
 
 impl LeakyModel {
     fn new(kind: &Kind) -> LeakyModel {
-        let Kind::LeakyBucket(b) = kind else {
-            panic!("not a leaky bucket: {kind:?}")
-        };
-        let (unit, leak) = (i128::from(b.period_ms), i128::from(b.rate));
-        let cap = i128::from(b.capacity) * unit;
+        let p = leaky_units(kind);
         LeakyModel {
-            cap,
-            unit,
-            leak,
+            p,
             state: None,
-            ids: Admitted::new(ceil_div(cap, leak)),
+            ids: Admitted::new(p.memory()),
+        }
+    }
+}
+
+impl LeakyModel {
+    /// The level and last update as a decision at `now` sees them (carried over to the
+    /// current parameters), and whether they were kept under others.
+    fn level_at(&self, now: i128) -> (i128, i128, bool) {
+        match self.state {
+            None => (0, now, false),
+            Some((level, last, kept)) => {
+                let level = (level - (now - last).max(0) * kept.rate).max(0);
+                let carried = carried(level, kept.unit, self.p.unit, self.p.rate);
+                (carried, last.max(now), kept != self.p)
+            }
         }
     }
 }
 
 impl Model for LeakyModel {
     fn decide(&mut self, id: &str, now: i128, _cost: u32, commit: bool) -> Decision {
-        let (level, last) = match self.state {
-            None => (0, now),
-            Some((level, last)) => (
-                (level - (now - last).max(0) * self.leak).max(0),
-                last.max(now),
-            ),
-        };
+        let p = self.p;
+        let (level, last, reloaded) = self.level_at(now);
         if self.ids.contains(id, now) {
-            return Decision::allowed((self.cap - level).div_euclid(self.unit));
+            return Decision::allowed((p.cap - level).div_euclid(p.unit).max(0));
         }
-        if level + self.unit <= self.cap {
+        if level + p.unit <= p.cap {
             if commit {
-                self.state = Some((level + self.unit, last));
+                self.state = Some((level + p.unit, last, p));
                 self.ids.remember(id, now);
             }
-            return Decision::allowed((self.cap - level - self.unit).div_euclid(self.unit));
+            return Decision::allowed((p.cap - level - p.unit).div_euclid(p.unit));
+        }
+        if reloaded {
+            let fits = |t| {
+                let (level, _, _) = self.level_at(t);
+                level + p.unit <= p.cap
+            };
+            return Decision::refused(0, Some(first_instant(now, fits)));
         }
         // `level` holds at every instant up to `last` and leaks after it.
-        let retry = last + ceil_div(level + self.unit - self.cap, self.leak);
+        let retry = last + ceil_div(level + p.unit - p.cap, p.rate);
         Decision::refused(0, Some(retry))
+    }
+
+    fn reconfigure(&mut self, kind: &Kind) {
+        self.p = leaky_units(kind);
+        self.ids.memory = self.p.memory();
     }
 }
 
 /// Token bucket: `capacity` tokens refilled `rate` per `period`; a send takes its cost (the
 /// rule's fixed cost or the message's) and is refused when fewer tokens are there; a cost
 /// above the capacity is refused for good. One token = `period` units, `rate` units per ms.
+/// Under other parameters (a reload) the bucket refills under its own up to now, and what it
+/// lacks of being full is carried over in the new units and taken from the new capacity (below
+/// zero when it lacks more than that).
 struct TokenModel {
-    cap: i128,
-    unit: i128,
-    refill: i128,
+    p: BucketUnits,
     fixed_cost: Option<u32>,
-    /// (tokens, last); a bucket never used is full.
-    state: Option<(i128, i128)>,
+    /// (tokens, last, parameters); a bucket never used is full.
+    state: Option<(i128, i128, BucketUnits)>,
     ids: Admitted,
+}
+
+fn token_units(kind: &Kind) -> (BucketUnits, Option<u32>) {
+    let Kind::TokenBucket(t) = kind else {
+        panic!("not a token bucket: {kind:?}")
+    };
+    (BucketUnits::of(&t.bucket), t.cost)
 }
 
 impl TokenModel {
     fn new(kind: &Kind) -> TokenModel {
-        let Kind::TokenBucket(t) = kind else {
-            panic!("not a token bucket: {kind:?}")
-        };
-        let (unit, refill) = (i128::from(t.bucket.period_ms), i128::from(t.bucket.rate));
-        let cap = i128::from(t.bucket.capacity) * unit;
+        let (p, fixed_cost) = token_units(kind);
         TokenModel {
-            cap,
-            unit,
-            refill,
-            fixed_cost: t.cost,
+            p,
+            fixed_cost,
             state: None,
-            ids: Admitted::new(ceil_div(cap, refill)),
+            ids: Admitted::new(p.memory()),
+        }
+    }
+}
+
+impl TokenModel {
+    /// The tokens and last update as a decision at `now` sees them (carried over to the
+    /// current parameters), and whether they were kept under others.
+    fn tokens_at(&self, now: i128) -> (i128, i128, bool) {
+        let p = self.p;
+        match self.state {
+            None => (p.cap, now, false),
+            Some((tokens, last, kept)) => {
+                let tokens = (tokens + (now - last).max(0) * kept.rate).min(kept.cap);
+                let deficit = carried(kept.cap - tokens, kept.unit, p.unit, p.rate);
+                (p.cap - deficit, last.max(now), kept != p)
+            }
         }
     }
 }
 
 impl Model for TokenModel {
     fn decide(&mut self, id: &str, now: i128, cost: u32, commit: bool) -> Decision {
-        let need = i128::from(self.fixed_cost.unwrap_or(cost)) * self.unit;
-        let (tokens, last) = match self.state {
-            None => (self.cap, now),
-            Some((tokens, last)) => (
-                (tokens + (now - last).max(0) * self.refill).min(self.cap),
-                last.max(now),
-            ),
-        };
-        let whole = tokens.div_euclid(self.unit);
+        let p = self.p;
+        let need = i128::from(self.fixed_cost.unwrap_or(cost)) * p.unit;
+        let (tokens, last, reloaded) = self.tokens_at(now);
+        let whole = tokens.div_euclid(p.unit).max(0);
         if self.ids.contains(id, now) {
             return Decision::allowed(whole);
         }
         if tokens >= need {
             if commit {
-                self.state = Some((tokens - need, last));
+                self.state = Some((tokens - need, last, p));
                 self.ids.remember(id, now);
             }
-            return Decision::allowed((tokens - need).div_euclid(self.unit));
+            return Decision::allowed((tokens - need).div_euclid(p.unit));
         }
-        if need > self.cap {
+        if need > p.cap {
             return Decision::refused(whole, None);
         }
+        if reloaded {
+            let fits = |t| self.tokens_at(t).0 >= need;
+            return Decision::refused(whole, Some(first_instant(now, fits)));
+        }
         // `tokens` holds at every instant up to `last` and grows after it.
-        let retry = last + ceil_div(need - tokens, self.refill);
+        let retry = last + ceil_div(need - tokens, p.rate);
         Decision::refused(whole, Some(retry))
+    }
+
+    fn reconfigure(&mut self, kind: &Kind) {
+        (self.p, self.fixed_cost) = token_units(kind);
+        self.ids.memory = self.p.memory();
     }
 }
 
-/// GCRA: `rate` sends per `period`, bursts of up to `burst`. Time in ticks of 1/`rate` ms, so
-/// the emission interval T is `period` ticks and the tolerance is T * burst. A send at `now` is
-/// admitted when `now >= tat + T - tau`, and moves the theoretical arrival time (never below
-/// now) on by T.
-struct GcraModel {
+/// GCRA's parameters in the model's ticks of 1/`rate` ms: the emission interval T is `period`
+/// ticks and the tolerance is T * burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GcraTicks {
     t: i128,
     tau: i128,
     tpm: i128,
-    tat: Option<i128>,
+}
+
+fn gcra_ticks(kind: &Kind) -> GcraTicks {
+    let Kind::Gcra(g) = kind else {
+        panic!("not gcra: {kind:?}")
+    };
+    let (t, tpm) = (i128::from(g.period_ms), i128::from(g.rate));
+    GcraTicks {
+        t,
+        tau: t * i128::from(g.burst),
+        tpm,
+    }
+}
+
+/// GCRA: `rate` sends per `period`, bursts of up to `burst`. A send at `now` is admitted when
+/// `now >= tat + T - tau`, and moves the theoretical arrival time (never below now) on by T.
+/// Under other parameters (a reload) the TAT's lead over now in its own ticks (the burst used)
+/// is carried over in the new ticks, from now.
+struct GcraModel {
+    p: GcraTicks,
+    /// The TAT and the ticks it is counted in.
+    tat: Option<(i128, GcraTicks)>,
     ids: Admitted,
 }
 
 impl GcraModel {
     fn new(kind: &Kind) -> GcraModel {
-        let Kind::Gcra(g) = kind else {
-            panic!("not gcra: {kind:?}")
-        };
-        let (t, tpm) = (i128::from(g.period_ms), i128::from(g.rate));
-        let tau = t * i128::from(g.burst);
+        let p = gcra_ticks(kind);
         GcraModel {
-            t,
-            tau,
-            tpm,
+            p,
             tat: None,
-            ids: Admitted::new(ceil_div(tau + t, tpm)),
+            ids: Admitted::new(ceil_div(p.tau + p.t, p.tpm)),
+        }
+    }
+}
+
+impl GcraModel {
+    /// The TAT a decision at `now` sees (carried over to the current ticks), and whether it
+    /// was counted in others.
+    fn tat_at(&self, now: i128) -> (i128, bool) {
+        let p = self.p;
+        let now_t = now * p.tpm;
+        match self.tat {
+            None => (now_t, false),
+            Some((tat, kept)) if kept == p => (tat.max(now_t), false),
+            Some((tat, kept)) => {
+                let lead = (tat - now * kept.tpm).max(0);
+                (now_t + carried(lead, kept.t, p.t, p.tpm), true)
+            }
         }
     }
 }
 
 impl Model for GcraModel {
     fn decide(&mut self, id: &str, now: i128, _cost: u32, commit: bool) -> Decision {
-        let now_t = now * self.tpm;
-        let tat = self.tat.unwrap_or(now_t).max(now_t);
+        let p = self.p;
+        let now_t = now * p.tpm;
+        let (tat, reloaded) = self.tat_at(now);
         if self.ids.contains(id, now) {
             // Sends allowed right now: the k-th needs now_t >= tat + (k - 1) T + T - tau.
-            return Decision::allowed((now_t - tat + self.tau).div_euclid(self.t).max(0));
+            return Decision::allowed((now_t - tat + p.tau).div_euclid(p.t).max(0));
         }
-        let earliest = tat + self.t - self.tau;
+        let earliest = tat + p.t - p.tau;
         if now_t >= earliest {
             if commit {
-                self.tat = Some(tat + self.t);
+                self.tat = Some((tat + p.t, p));
                 self.ids.remember(id, now);
             }
-            return Decision::allowed((now_t - earliest).div_euclid(self.t));
+            return Decision::allowed((now_t - earliest).div_euclid(p.t));
         }
-        Decision::refused(0, Some(ceil_div(earliest, self.tpm)))
+        if reloaded {
+            let fits = |t| t * p.tpm >= self.tat_at(t).0 + p.t - p.tau;
+            return Decision::refused(0, Some(first_instant(now, fits)));
+        }
+        Decision::refused(0, Some(ceil_div(earliest, p.tpm)))
+    }
+
+    fn reconfigure(&mut self, kind: &Kind) {
+        self.p = gcra_ticks(kind);
+        self.ids.memory = ceil_div(self.p.tau + self.p.t, self.p.tpm);
     }
 }
 
@@ -472,6 +629,97 @@ fn token_bucket_with_fixed_cost_script_matches_the_model() {
 #[test]
 fn gcra_script_matches_the_model() {
     script_matches_model("sqtgcra", 256, gcra_toml(), GcraModel::new);
+}
+
+/// Runs `cases` random sequences through the script and `model` in which the rule is reloaded
+/// now and then with other parameters (every one of them drawn anew, the name and kind kept),
+/// on the single server and on the cluster: at every step the same decision, remaining and
+/// retry_after, so the state a rule kept is read under its new parameters as the model
+/// carries it over.
+fn script_matches_model_across_reloads<M: Model>(
+    prefix: &str,
+    cases: u32,
+    toml: impl Strategy<Value = String> + Clone,
+    model: impl Fn(&Kind) -> M,
+) {
+    for (_, target) in support::redis_targets() {
+        let h = Harness::on(prefix, &target);
+        let case = AtomicU32::new(0);
+        let reloads = AtomicU32::new(0);
+        let strategy = (
+            prop::collection::vec(toml.clone(), 2..5),
+            prop::collection::vec((step(), prop::option::weighted(0.2, 0usize..4)), 1..40),
+        );
+        let result = support::property_runner(cases).run(&strategy, |(tomls, steps)| {
+            let recipient = format!("r{}", case.fetch_add(1, Ordering::SeqCst));
+            let policies: Vec<Policy> = tomls.iter().map(|t| load_policy(t)).collect();
+            let mut current = 0;
+            let mut model = model(&policies[0].rules[0].kind);
+            let mut now = START_MS;
+            let mut last_retry: Option<i64> = None;
+            for (i, (s, reload)) in steps.iter().enumerate() {
+                if let Some(k) = reload.map(|k| k % policies.len()) {
+                    current = k;
+                    model.reconfigure(&policies[k].rules[0].kind);
+                    reloads.fetch_add(1, Ordering::Relaxed);
+                }
+                let policy = &policies[current];
+                now = match s.advance {
+                    Advance::By(ms) => now + ms,
+                    Advance::ToRetry(off) => last_retry.map_or(now, |r| r + off),
+                };
+                let id = format!("id{}", s.id);
+                let msg = message(&id, &recipient, "UTC", s.cost);
+                let eval = evaluate(&h, policy, &msg, now, s.commit);
+                let got = Decision::of(&eval.verdicts()[0]);
+                let want = model.decide(&id, i128::from(now), s.cost, s.commit);
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "step {} at {} ms under {:?}: {:?}",
+                    i,
+                    now - START_MS,
+                    &tomls[current],
+                    s
+                );
+                prop_assert_eq!(eval.committed(), s.commit && got.allowed);
+                if let Some(retry) = got.retry_after_ms {
+                    last_retry = Some(retry);
+                    let at = evaluate(&h, policy, &msg, retry, false);
+                    prop_assert!(at.verdicts()[0].allowed, "refused at retry_after {}", retry);
+                    let before = evaluate(&h, policy, &msg, retry - 1, false);
+                    prop_assert!(!before.verdicts()[0].allowed, "allowed before retry_after");
+                }
+            }
+            for (key, ttl) in h.keys_with_ttl(&format!("{{r:{recipient}}}:")) {
+                prop_assert!(ttl > 0 || ttl == -2, "key {} has PTTL {}", key, ttl);
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+        assert!(
+            reloads.load(Ordering::Relaxed) > 0,
+            "no case reloaded the rule"
+        );
+    }
+}
+
+#[test]
+fn leaky_bucket_keeps_its_level_across_reloads_that_change_every_parameter() {
+    script_matches_model_across_reloads("sqtleakyre", 192, leaky_toml(), LeakyModel::new);
+}
+
+#[test]
+fn token_bucket_keeps_what_it_lacks_across_reloads_that_change_every_parameter() {
+    let either = prop_oneof![token_toml(false), token_toml(true)];
+    script_matches_model_across_reloads("sqttokenre", 192, either, TokenModel::new);
+}
+
+#[test]
+fn gcra_keeps_the_burst_used_across_reloads_that_change_every_parameter() {
+    script_matches_model_across_reloads("sqtgcrare", 192, gcra_toml(), GcraModel::new);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -945,5 +1193,94 @@ fn models_retry_after_is_exact() {
                 assert!(!model.decide("probe", retry - 1, cost, false).allowed);
             }
         }
+    }
+}
+
+/// The state key of rule `name` of `kind` for recipient r1, as the worker names it.
+fn r1_key(h: &Harness, name: &str, kind: &str) -> String {
+    use sendquota::internals::keys::{rule_key, scope_tag};
+    use sendquota::internals::policy::ScopeValue;
+    rule_key(
+        &h.namespace,
+        &scope_tag(&ScopeValue::Recipient("r1")),
+        name,
+        kind,
+    )
+}
+
+/// Keys live long: a bucket written before its parameters were kept with it (a hash of tokens
+/// or level and last; a GCRA's TAT alone) is read in the rule's current units, and its next
+/// update keeps the parameters, so that a reload after the upgrade carries it over too.
+#[test]
+fn buckets_written_before_their_parameters_were_kept_are_read_in_the_rules_units() {
+    let h = Harness::single("sqtlegacy");
+    let hour = 3_600_000i64;
+    let bucket = |kind: &str, rate: u32| {
+        load_policy(&format!(
+            "[[rules]]\nname = \"b\"\nkind = \"{kind}\"\ncapacity = 10\nrate = {rate}\n\
+             period = \"1h\"\n"
+        ))
+    };
+    let gcra = |rate: u32| {
+        load_policy(&format!(
+            "[[rules]]\nname = \"b\"\nkind = \"gcra\"\nrate = {rate}\nperiod = \"1h\"\n\
+             burst = 10\n"
+        ))
+    };
+    let write = |cmd: &mut redis::Cmd| {
+        let _: redis::Value = h.query(cmd.arg("PX").arg(hour));
+    };
+    // 4 tokens of 10 (one token = 1 h = 3,600,000 units), a level of 6 sends, 4 of a GCRA's
+    // burst of 10 used (emission interval 720,000 ms at 5 an hour, ticks of 1 ms).
+    let token = r1_key(&h, "b", "token_bucket");
+    let _: i64 = h.query(
+        redis::cmd("HSET")
+            .arg(&token)
+            .arg("tokens")
+            .arg(4 * hour)
+            .arg("last")
+            .arg(START_MS),
+    );
+    let leaky = r1_key(&h, "b", "leaky_bucket");
+    let _: i64 = h.query(
+        redis::cmd("HSET")
+            .arg(&leaky)
+            .arg("level")
+            .arg(6 * hour)
+            .arg("last")
+            .arg(START_MS),
+    );
+    write(
+        redis::cmd("SET")
+            .arg(r1_key(&h, "b", "gcra"))
+            .arg(START_MS + 4 * 720_000),
+    );
+    for (policy, left) in [
+        (bucket("token_bucket", 1), 3),
+        (bucket("leaky_bucket", 1), 3),
+        (gcra(5), 5),
+    ] {
+        let v = send(&h, &policy, "after-upgrade", 1, START_MS);
+        assert_eq!((v.allowed, v.remaining), (true, Some(left)), "{policy:?}");
+    }
+    let fields: std::collections::HashMap<String, String> =
+        h.query(redis::cmd("HGETALL").arg(&token));
+    assert_eq!(
+        (&fields["cap"], &fields["unit"], &fields["refill"]),
+        (
+            &"36000000".to_owned(),
+            &"3600000".to_owned(),
+            &"1".to_owned()
+        ),
+        "the update kept the parameters"
+    );
+    // Reloaded at twice the rate, each carries what it holds over.
+    for (policy, left) in [
+        (bucket("token_bucket", 2), 2),
+        (bucket("leaky_bucket", 2), 2),
+        (gcra(10), 4),
+    ] {
+        let v = send(&h, &policy, "after-reload", 1, START_MS);
+        assert_eq!((v.allowed, v.remaining), (true, Some(left)), "{policy:?}");
     }
 }

@@ -24,10 +24,10 @@ use support::model::LimiterHarness;
 
 /// The rule as a specification, for one recipient whose messages may carry any zone: a send is
 /// admitted at instant `now` in zone Z when, in Z's calendar, fewer than `per_day` admitted
-/// sends are at or after the first instant of today, and fewer than `per_window` at or after
-/// the first instant of the window's first day (today and the `window - 1` days before it).
-/// An id whose latest admission falls in that window is recognised and consumes nothing
-/// again. Nothing is ever forgotten.
+/// sends lie on today, and fewer than `per_window` in the window (today and the `window - 1`
+/// days before it); the day and the window end with today, so sends after it (a decision at an
+/// instant before them) count on their own days. An id whose latest admission falls in that
+/// window is recognised and consumes nothing again. Nothing is ever forgotten.
 pub(crate) struct Model {
     pub(crate) q: CalendarQuota,
     /// Each id's latest admission.
@@ -47,7 +47,11 @@ impl Model {
         let window = i64::from(self.q.window_days);
         let day_begin = day_start(day, zone);
         let window_begin = day_start(day - window + 1, zone);
-        let since = |from| self.admitted.values().filter(|&&t| t >= from).count() as i64;
+        let day_end = day_start(day + 1, zone);
+        let since = |from| {
+            let on = |t: &&DateTime<Utc>| **t >= from && **t < day_end;
+            self.admitted.values().filter(on).count() as i64
+        };
         (since(day_begin), since(window_begin))
     }
 
@@ -69,7 +73,12 @@ impl Model {
         let left =
             (i64::from(self.q.per_day) - on_day).min(i64::from(self.q.per_window) - in_window);
         let window_begin = day_start(today - window + 1, zone);
-        if self.admitted.get(id).is_some_and(|&t| t >= window_begin) {
+        let day_end = day_start(today + 1, zone);
+        if self
+            .admitted
+            .get(id)
+            .is_some_and(|&t| t >= window_begin && t < day_end)
+        {
             return Decision {
                 allowed: true,
                 remaining: left.max(0),

@@ -43,4 +43,5 @@ mod settings;
 mod tls;
 mod traces;
 mod unavailable;
+mod what_if;
 mod window_kinds_model;

@@ -360,3 +360,87 @@ async fn messages_in_flight_during_a_reload_are_each_decided_under_one_policy() 
     assert!(old >= 1, "some messages were decided before the reload");
     drop(worker);
 }
+
+/// A rule of each kind whose state is counted in units of its parameters, each on a channel of
+/// its own: a token and a leaky bucket of 10 at 1 an hour, a GCRA of 5 an hour with bursts of 10,
+/// and two sliding windows of 5 an hour; `changed` doubles the rates and changes the sliding
+/// windows' sub-windows (6 to 1 minute) or storage (hash to list).
+fn unit_rules(changed: bool) -> String {
+    let (rate, cells, sub, storage) = if changed {
+        (2, 10, "1m", "list")
+    } else {
+        (1, 5, "6m", "hash")
+    };
+    format!(
+        "[[rules]]\nname = \"tokens\"\nkind = \"token_bucket\"\ncapacity = 10\nrate = {rate}\n\
+         period = \"1h\"\nmatch = {{ channels = [\"token\"] }}\n\n\
+         [[rules]]\nname = \"level\"\nkind = \"leaky_bucket\"\ncapacity = 10\nrate = {rate}\n\
+         period = \"1h\"\nmatch = {{ channels = [\"leaky\"] }}\n\n\
+         [[rules]]\nname = \"cells\"\nkind = \"gcra\"\nrate = {cells}\nperiod = \"1h\"\n\
+         burst = 10\nmatch = {{ channels = [\"gcra\"] }}\n\n\
+         [[rules]]\nname = \"subs\"\nkind = \"sliding_window\"\nlimit = 5\nwindow = \"1h\"\n\
+         sub_window = \"{sub}\"\nmatch = {{ channels = [\"sub\"] }}\n\n\
+         [[rules]]\nname = \"stored\"\nkind = \"sliding_window\"\nlimit = 5\nwindow = \"1h\"\n\
+         sub_window = \"6m\"\nstorage = \"{storage}\"\nmatch = {{ channels = [\"storage\"] }}\n"
+    )
+}
+
+/// Publishes messages `first..last` on `channel` (to a recipient of the channel's name) and
+/// returns how many of them went out.
+async fn sent_of(env: &TestEnv, channel: &str, range: std::ops::Range<usize>) -> usize {
+    let mut seen = HashMap::new();
+    let mut sent = 0;
+    for i in range {
+        let id = format!("{channel}-{i}");
+        let mut message = request(&id, channel, "UTC");
+        message["channel"] = channel.into();
+        env.publish(&message).await;
+        if env.outcome(&id, &mut seen).await {
+            sent += 1;
+        }
+    }
+    sent
+}
+
+/// Issue 38, item 1: the worker's clock stands still (nothing refills or leaks), 5 messages go
+/// out on each bucket (3 on each sliding window), then a reload doubles the rates and changes
+/// the sliding windows' sub-window or storage. What each rule held is carried over: the token
+/// bucket has 5 of its 10 tokens left (not 10: 15 within the hour), the leaky bucket room for 5
+/// (not none), the GCRA 5 of its burst of 10 (not none), each sliding window room for 2.
+#[tokio::test]
+async fn a_reload_that_changes_a_rate_or_a_sub_window_carries_each_rules_level_over() {
+    let env = TestEnv::new().await;
+    let before = unit_rules(false);
+    let worker = Worker::start(&env, &before).await;
+    let channels = ["token", "leaky", "gcra", "sub", "storage"];
+    let mut first = Vec::new();
+    for channel in channels {
+        let n = if channel == "sub" || channel == "storage" {
+            3
+        } else {
+            5
+        };
+        first.push(sent_of(&env, channel, 0..n).await);
+    }
+    assert_eq!(first, [5, 5, 5, 3, 3], "{channels:?} before the reload");
+
+    let after = unit_rules(true);
+    worker.write_rules(&after);
+    let reply = worker.reload(Some(TOKEN)).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["status"], "applied", "{}", reply.body);
+
+    let mut then = Vec::new();
+    for channel in &channels[..4] {
+        then.push(sent_of(&env, channel, 10..20).await);
+    }
+    assert_eq!(
+        then,
+        [5, 5, 5, 2],
+        "{:?}: of 10 more after the reload",
+        &channels[..4]
+    );
+    // A state kept in the other storage is read (it was an error: WRONGTYPE).
+    assert_eq!(sent_of(&env, "storage", 10..20).await, 2, "storage");
+    drop(worker);
+}

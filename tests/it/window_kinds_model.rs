@@ -6,8 +6,10 @@
 //! and the model give the same decision, remaining and retry_after; a step that must write
 //! nothing (a refusal, a dry run, a redelivery) leaves the keys byte for byte as they were;
 //! retry_after is exact (one ms earlier is still refused, at it the send passes); and after
-//! every case no key of the namespace lacks an expiry. Then one test per weak spot of the
-//! seeds these kinds replaced.
+//! every case no key of the namespace lacks an expiry. The same again with the rule reloaded
+//! now and then with other parameters of its kind (issue 38: a changed sub-window or storage
+//! kept its counts in units the new rule misread). Then one test per weak spot of the seeds
+//! these kinds replaced.
 
 use crate::support;
 
@@ -31,20 +33,28 @@ use support::model::LimiterHarness;
 
 /// A window rule as a specification. Each model only says what the rule holds (`room_at`, what
 /// it remembers, what an admission records); the decision itself is the same for every kind
-/// and is written once, in [`decide`].
+/// and is written once, in [`decide`]. `what_if` says the decision only asks (a dry run), which
+/// only the fixed window tells apart from one that commits.
 trait RuleModel: std::fmt::Debug {
     /// How many sends the rule would admit at `t` if nothing more were admitted meanwhile
-    /// (negative when over). For a fixed state this never decreases as `t` grows: sends only
-    /// ever leave a window.
-    fn room_at(&self, t: i64) -> i64;
+    /// (negative when over). A send counts in the windows that hold it: one admitted after `t`
+    /// (a clock that went back since) does not count at `t` yet.
+    fn room_at(&self, t: i64, what_if: bool) -> i64;
     /// Whether `id` was admitted within the rule's memory, as seen at `now`.
-    fn remembers(&self, id: &str, now: i64) -> bool;
+    fn remembers(&self, id: &str, now: i64, what_if: bool) -> bool;
     /// Records `id` as admitted at `now`, forgetting what no longer matters at `now`.
     fn admit(&mut self, id: &str, now: i64);
     /// The 1-based policy that refuses at `now` (sliding log only).
     fn refusing_policy(&self, _now: i64) -> Option<usize> {
         None
     }
+    /// Every instant at which what the rule holds may look different: where a send enters or
+    /// leaves a window, where an id starts or stops being remembered. Between two of them the
+    /// decision on a message stays the same.
+    fn changes(&self) -> Vec<i64>;
+    /// The rule is reloaded with `params` (same name and kind): it decides under them from
+    /// now on, with what it holds.
+    fn reconfigure(&mut self, params: &Params);
 }
 
 /// What a rule answers for one message.
@@ -62,11 +72,12 @@ struct Decision {
 
 /// The shared semantics: an id remembered is admitted again without consuming; otherwise a
 /// send is admitted when there is room, and only a committed admission changes the state. A
-/// refusal names the first instant after now at which there is room (found by bisection over
-/// `room_at`, which never decreases, so it is exact to the millisecond).
+/// refusal names the first instant after now at which the same decision admits the send: the
+/// first of the rule's changes after now at which it does (nothing differs in between).
 fn decide(rule: &mut dyn RuleModel, id: &str, now: i64, commit: bool) -> Decision {
-    let room = rule.room_at(now);
-    if rule.remembers(id, now) {
+    let what_if = !commit;
+    let room = rule.room_at(now, what_if);
+    if rule.remembers(id, now, what_if) {
         return Decision {
             allowed: true,
             already: true,
@@ -87,19 +98,12 @@ fn decide(rule: &mut dyn RuleModel, id: &str, now: i64, commit: bool) -> Decisio
             policy: None,
         };
     }
-    let (mut refused, mut admitted) = (now, now + HORIZON_MS);
-    assert!(
-        rule.room_at(admitted) >= 1,
-        "model: no room within {HORIZON_MS} ms of {now}: {rule:?}"
-    );
-    while admitted - refused > 1 {
-        let mid = refused + (admitted - refused) / 2;
-        if rule.room_at(mid) >= 1 {
-            admitted = mid;
-        } else {
-            refused = mid;
-        }
-    }
+    let mut changes: Vec<i64> = rule.changes().into_iter().filter(|&t| t > now).collect();
+    changes.sort_unstable();
+    let admitted = changes
+        .into_iter()
+        .find(|&t| rule.remembers(id, t, what_if) || rule.room_at(t, what_if) >= 1)
+        .unwrap_or_else(|| panic!("model: never admitted after {now}: {rule:?}"));
     Decision {
         allowed: false,
         already: false,
@@ -109,12 +113,10 @@ fn decide(rule: &mut dyn RuleModel, id: &str, now: i64, commit: bool) -> Decisio
     }
 }
 
-/// Far enough that every window of these tests has emptied, clock skew included.
-const HORIZON_MS: i64 = 10_000_000;
-
 /// At most `limit` sends per window of `window` ms that opens with the first send admitted
-/// after the previous window ended. Its memory of ids is the current window. A time before the
-/// window's start (a lagging clock) belongs to the current window.
+/// after the previous window ended. Its memory of ids is the current window. A decision at a
+/// time before the window's start (a lagging clock) belongs to the current window; a what-if
+/// there counts nothing (its window, if any, is gone).
 #[derive(Debug)]
 struct FixedWindowModel {
     limit: i64,
@@ -130,22 +132,25 @@ struct OpenWindow {
 }
 
 impl FixedWindowModel {
-    fn open_at(&self, t: i64) -> Option<&OpenWindow> {
-        self.current.as_ref().filter(|w| t < w.start + self.window)
+    fn open_at(&self, t: i64, what_if: bool) -> Option<&OpenWindow> {
+        self.current
+            .as_ref()
+            .filter(|w| t < w.start + self.window && (!what_if || t >= w.start))
     }
 }
 
 impl RuleModel for FixedWindowModel {
-    fn room_at(&self, t: i64) -> i64 {
-        self.limit - self.open_at(t).map_or(0, |w| w.sends)
+    fn room_at(&self, t: i64, what_if: bool) -> i64 {
+        self.limit - self.open_at(t, what_if).map_or(0, |w| w.sends)
     }
 
-    fn remembers(&self, id: &str, now: i64) -> bool {
-        self.open_at(now).is_some_and(|w| w.ids.contains(id))
+    fn remembers(&self, id: &str, now: i64, what_if: bool) -> bool {
+        self.open_at(now, what_if)
+            .is_some_and(|w| w.ids.contains(id))
     }
 
     fn admit(&mut self, id: &str, now: i64) {
-        if self.open_at(now).is_none() {
+        if self.open_at(now, false).is_none() {
             self.current = Some(OpenWindow {
                 start: now,
                 sends: 0,
@@ -156,11 +161,27 @@ impl RuleModel for FixedWindowModel {
         w.sends += 1;
         w.ids.insert(id.to_owned());
     }
+
+    fn changes(&self) -> Vec<i64> {
+        self.current
+            .iter()
+            .flat_map(|w| [w.start, w.start + self.window])
+            .collect()
+    }
+
+    fn reconfigure(&mut self, params: &Params) {
+        let Params::Fixed { limit, window } = *params else {
+            panic!("not a fixed window: {params:?}")
+        };
+        (self.limit, self.window) = (limit.into(), window);
+    }
 }
 
-/// Sends counted per sub-window: a send at ms `at` is in sub-window `floor(at / sub)`, and a
-/// sub-window with index i counts against a window of `window` ms until ms reaches
-/// `i * sub + window`.
+/// Sends counted per sub-window, numbered in sub-windows of `sub` ms: a send at ms `at` is in
+/// sub-window `floor(at / sub)`, and a sub-window with index i counts against a window of
+/// `window` ms from ms `i * sub` until ms reaches `i * sub + window`. Read under another
+/// sub-window length, each sub-window's sends are in the one holding its start; they are
+/// numbered in that length when the next send is admitted.
 #[derive(Debug)]
 struct SubWindows {
     sub: i64,
@@ -168,24 +189,44 @@ struct SubWindows {
 }
 
 impl SubWindows {
-    fn counted(&self, window: i64, t: i64) -> i64 {
-        self.sends
+    /// The sends numbered in sub-windows of `sub` ms.
+    fn in_subs_of(&self, sub: i64) -> BTreeMap<i64, i64> {
+        let mut out = BTreeMap::new();
+        for (&i, &n) in &self.sends {
+            *out.entry((i * self.sub).div_euclid(sub)).or_default() += n;
+        }
+        out
+    }
+
+    fn counted(&self, sub: i64, window: i64, t: i64) -> i64 {
+        self.in_subs_of(sub)
             .iter()
-            .filter(|(&i, _)| t < i * self.sub + window)
+            .filter(|(&i, _)| i * sub <= t && t < i * sub + window)
             .map(|(_, &n)| n)
             .sum()
     }
 
-    fn admit(&mut self, window: i64, now: i64) {
-        let sub = self.sub;
-        self.sends.retain(|&i, _| now < i * sub + window);
-        *self.sends.entry(now.div_euclid(sub)).or_default() += 1;
+    fn admit(&mut self, sub: i64, window: i64, now: i64) {
+        let mut sends = self.in_subs_of(sub);
+        sends.retain(|&i, _| now < i * sub + window);
+        *sends.entry(now.div_euclid(sub)).or_default() += 1;
+        (self.sub, self.sends) = (sub, sends);
+    }
+
+    /// Where each sub-window enters and leaves windows of `windows` ms, numbered in `sub`.
+    fn changes(&self, sub: i64, windows: impl Iterator<Item = i64> + Clone) -> Vec<i64> {
+        self.in_subs_of(sub)
+            .keys()
+            .flat_map(|&i| windows.clone().map(move |w| i * sub + w).chain([i * sub]))
+            .collect()
     }
 }
 
-/// Ids remembered for `memory` ms after their admission.
-fn remembered(ids: &BTreeMap<String, i64>, id: &str, now: i64, memory: i64) -> bool {
-    ids.get(id).is_some_and(|&at| at > now - memory)
+/// Ids remembered for `memory` ms after their admission, from the sub-window of it (`sub` ms;
+/// 1 for an exact window).
+fn remembered(ids: &BTreeMap<String, i64>, id: &str, now: i64, memory: i64, sub: i64) -> bool {
+    ids.get(id)
+        .is_some_and(|&at| at > now - memory && at.div_euclid(sub) <= now.div_euclid(sub))
 }
 
 fn remember(ids: &mut BTreeMap<String, i64>, id: &str, now: i64, memory: i64) {
@@ -193,36 +234,61 @@ fn remember(ids: &mut BTreeMap<String, i64>, id: &str, now: i64, memory: i64) {
     ids.insert(id.to_owned(), now);
 }
 
-/// At most `limit` sends in any `window` ms, counted in sub-windows (both storages mean the
-/// same); ids are remembered for `window` ms.
+/// Where remembered ids start (their sub-window's start) and stop being remembered.
+fn id_changes(ids: &BTreeMap<String, i64>, memory: i64, sub: i64) -> Vec<i64> {
+    ids.values()
+        .flat_map(|&at| [at.div_euclid(sub) * sub, at + memory])
+        .collect()
+}
+
+/// At most `limit` sends in any `window` ms, counted in sub-windows of `sub` ms (both storages
+/// mean the same); ids are remembered for `window` ms.
 #[derive(Debug)]
 struct SlidingWindowModel {
     limit: i64,
     window: i64,
+    sub: i64,
     subs: SubWindows,
     ids: BTreeMap<String, i64>,
 }
 
 impl RuleModel for SlidingWindowModel {
-    fn room_at(&self, t: i64) -> i64 {
-        self.limit - self.subs.counted(self.window, t)
+    fn room_at(&self, t: i64, _: bool) -> i64 {
+        self.limit - self.subs.counted(self.sub, self.window, t)
     }
 
-    fn remembers(&self, id: &str, now: i64) -> bool {
-        remembered(&self.ids, id, now, self.window)
+    fn remembers(&self, id: &str, now: i64, _: bool) -> bool {
+        remembered(&self.ids, id, now, self.window, self.sub)
     }
 
     fn admit(&mut self, id: &str, now: i64) {
-        self.subs.admit(self.window, now);
+        self.subs.admit(self.sub, self.window, now);
         remember(&mut self.ids, id, now, self.window);
+    }
+
+    fn changes(&self) -> Vec<i64> {
+        let mut out = self.subs.changes(self.sub, [self.window].into_iter());
+        out.extend(id_changes(&self.ids, self.window, self.sub));
+        out
+    }
+
+    fn reconfigure(&mut self, params: &Params) {
+        let Params::Sliding {
+            limit, window, sub, ..
+        } = *params
+        else {
+            panic!("not a sliding window: {params:?}")
+        };
+        (self.limit, self.window, self.sub) = (limit.into(), window, sub);
     }
 }
 
-/// Every (limit, window) policy at once over one log of sub-windows; the room is the least
-/// room of any policy; ids are remembered for the longest window. Policies are numbered in
-/// increasing window order.
+/// Every (limit, window) policy at once over one log of sub-windows of `sub` ms; the room is
+/// the least room of any policy; ids are remembered for the longest window. Policies are
+/// numbered in increasing window order.
 #[derive(Debug)]
 struct SlidingLogModel {
+    sub: i64,
     policies: Vec<(i64, i64)>,
     subs: SubWindows,
     ids: BTreeMap<String, i64>,
@@ -232,37 +298,58 @@ impl SlidingLogModel {
     fn longest(&self) -> i64 {
         self.policies.iter().map(|p| p.1).max().expect("policies")
     }
+
+    fn sorted(policies: &[(u32, i64)]) -> Vec<(i64, i64)> {
+        let mut policies: Vec<(i64, i64)> =
+            policies.iter().map(|&(l, w)| (i64::from(l), w)).collect();
+        policies.sort_by_key(|p| p.1);
+        policies
+    }
 }
 
 impl RuleModel for SlidingLogModel {
-    fn room_at(&self, t: i64) -> i64 {
+    fn room_at(&self, t: i64, _: bool) -> i64 {
         self.policies
             .iter()
-            .map(|&(limit, window)| limit - self.subs.counted(window, t))
+            .map(|&(limit, window)| limit - self.subs.counted(self.sub, window, t))
             .min()
             .expect("policies")
     }
 
-    fn remembers(&self, id: &str, now: i64) -> bool {
-        remembered(&self.ids, id, now, self.longest())
+    fn remembers(&self, id: &str, now: i64, _: bool) -> bool {
+        remembered(&self.ids, id, now, self.longest(), self.sub)
     }
 
     fn admit(&mut self, id: &str, now: i64) {
         let longest = self.longest();
-        self.subs.admit(longest, now);
+        self.subs.admit(self.sub, longest, now);
         remember(&mut self.ids, id, now, longest);
     }
 
     fn refusing_policy(&self, now: i64) -> Option<usize> {
         self.policies
             .iter()
-            .position(|&(limit, window)| limit - self.subs.counted(window, now) < 1)
+            .position(|&(limit, window)| limit - self.subs.counted(self.sub, window, now) < 1)
             .map(|k| k + 1)
+    }
+
+    fn changes(&self) -> Vec<i64> {
+        let windows = self.policies.iter().map(|p| p.1);
+        let mut out = self.subs.changes(self.sub, windows);
+        out.extend(id_changes(&self.ids, self.longest(), self.sub));
+        out
+    }
+
+    fn reconfigure(&mut self, params: &Params) {
+        let Params::Log { sub, policies } = params else {
+            panic!("not a sliding log: {params:?}")
+        };
+        (self.sub, self.policies) = (*sub, SlidingLogModel::sorted(policies));
     }
 }
 
 /// At most `limit` sends in any `window` ms, exactly: a send admitted at `at` counts while
-/// `t < at + window`, and its id is remembered exactly as long.
+/// `at <= t < at + window`, and its id is remembered exactly as long.
 #[derive(Debug)]
 struct ZsetWindowModel {
     limit: i64,
@@ -271,21 +358,32 @@ struct ZsetWindowModel {
 }
 
 impl RuleModel for ZsetWindowModel {
-    fn room_at(&self, t: i64) -> i64 {
+    fn room_at(&self, t: i64, _: bool) -> i64 {
         let counted = self
             .sends
             .values()
-            .filter(|&&at| t < at + self.window)
+            .filter(|&&at| at <= t && t < at + self.window)
             .count();
         self.limit - counted as i64
     }
 
-    fn remembers(&self, id: &str, now: i64) -> bool {
-        remembered(&self.sends, id, now, self.window)
+    fn remembers(&self, id: &str, now: i64, _: bool) -> bool {
+        remembered(&self.sends, id, now, self.window, 1)
     }
 
     fn admit(&mut self, id: &str, now: i64) {
         remember(&mut self.sends, id, now, self.window);
+    }
+
+    fn changes(&self) -> Vec<i64> {
+        id_changes(&self.sends, self.window, 1)
+    }
+
+    fn reconfigure(&mut self, params: &Params) {
+        let Params::Zset { limit, window } = *params else {
+            panic!("not a zset window: {params:?}")
+        };
+        (self.limit, self.window) = (limit.into(), window);
     }
 }
 
@@ -377,27 +475,22 @@ impl Params {
             } => Box::new(SlidingWindowModel {
                 limit: limit.into(),
                 window,
+                sub,
                 subs: SubWindows {
                     sub,
                     sends: BTreeMap::new(),
                 },
                 ids: BTreeMap::new(),
             }),
-            Params::Log { sub, policies } => {
-                let mut policies: Vec<(i64, i64)> = policies
-                    .into_iter()
-                    .map(|(l, w)| (i64::from(l), w))
-                    .collect();
-                policies.sort_by_key(|p| p.1);
-                Box::new(SlidingLogModel {
-                    policies,
-                    subs: SubWindows {
-                        sub,
-                        sends: BTreeMap::new(),
-                    },
-                    ids: BTreeMap::new(),
-                })
-            }
+            Params::Log { sub, policies } => Box::new(SlidingLogModel {
+                sub,
+                policies: SlidingLogModel::sorted(&policies),
+                subs: SubWindows {
+                    sub,
+                    sends: BTreeMap::new(),
+                },
+                ids: BTreeMap::new(),
+            }),
             Params::Zset { limit, window } => Box::new(ZsetWindowModel {
                 limit: limit.into(),
                 window,
@@ -541,6 +634,7 @@ struct Coverage {
     refused: AtomicU32,
     redelivered: AtomicU32,
     clock_back: AtomicU32,
+    reloaded: AtomicU32,
     cut_short: AtomicU32,
 }
 
@@ -567,37 +661,58 @@ fn log_reason(policies: &[(u32, i64)], k: usize) -> String {
 /// server and on the cluster.
 fn script_matches_model(params: impl Strategy<Value = Params> + Clone) {
     for (_, target) in support::redis_targets() {
-        script_matches_model_on(&target, params.clone());
+        script_matches_model_on(&target, params.clone().prop_map(|p| vec![p]), false);
+    }
+}
+
+/// [`script_matches_model`] with the rule reloaded now and then (one step in ten) with other
+/// parameters of the same kind, every one of them drawn anew: what the rule holds is read
+/// under the new ones as the model carries it over.
+fn script_matches_model_across_reloads(params: impl Strategy<Value = Params> + Clone) {
+    for (_, target) in support::redis_targets() {
+        script_matches_model_on(&target, prop::collection::vec(params.clone(), 2..5), true);
     }
 }
 
 fn script_matches_model_on(
     target: &sendquota::config::RedisSettings,
-    params: impl Strategy<Value = Params>,
+    params: impl Strategy<Value = Vec<Params>>,
+    reloads: bool,
 ) {
     let store = Store::on(target);
     let case = AtomicU32::new(0);
     let seen = Coverage::default();
-    let strategy = (params, 0i64..900_000, prop::collection::vec(step(), 1..60));
-    let result = support::property_runner(CASES).run(&strategy, |(params, offset, steps)| {
+    let strategy = (
+        params,
+        0i64..900_000,
+        prop::collection::vec((step(), prop::option::weighted(0.1, 0usize..4)), 1..60),
+    );
+    let result = support::property_runner(CASES).run(&strategy, |(kinds, offset, steps)| {
         let began = Instant::now();
         let recipient = format!("p{}", case.fetch_add(1, Ordering::SeqCst));
-        let policy = params.policy();
+        let policies: Vec<Policy> = kinds.iter().map(Params::policy).collect();
+        let mut params = &kinds[0];
+        let mut policy = &policies[0];
         let mut model = params.model();
         let state = store.state_key(&recipient, params.kind());
         let keys = [state.clone(), format!("{state}:ids")];
         let mut now = BASE_MS + offset;
-        for (i, s) in steps.iter().enumerate() {
+        for (i, (s, reload)) in steps.iter().enumerate() {
             if began.elapsed() > CASE_REAL_TIME {
                 count(&seen.cut_short, true);
                 break;
+            }
+            if let Some(k) = reload.map(|k| k % kinds.len()).filter(|_| kinds.len() > 1) {
+                (params, policy) = (&kinds[k], &policies[k]);
+                model.reconfigure(params);
+                count(&seen.reloaded, true);
             }
             now += s.delta_ms;
             let id = format!("m{}", s.id);
             let want = decide(model.as_mut(), &id, now, s.commit);
             let writes = s.commit && want.allowed && !want.already;
             let before = (!writes).then(|| store.dump(&keys));
-            let v = store.eval(&policy, &recipient, &id, now, s.commit);
+            let v = store.eval(policy, &recipient, &id, now, s.commit);
             let got = Decision {
                 allowed: v.allowed,
                 already: v.already,
@@ -608,13 +723,14 @@ fn script_matches_model_on(
             prop_assert_eq!(
                 &got,
                 &want,
-                "step {} at {} ({:?}), model {:?}",
+                "step {} at {} ({:?}) under {:?}, model {:?}",
                 i,
                 now,
                 s,
+                params,
                 model
             );
-            if let (Params::Log { policies, .. }, Some(k)) = (&params, want.policy) {
+            if let (Params::Log { policies, .. }, Some(k)) = (params, want.policy) {
                 prop_assert_eq!(&v.reason, &log_reason(policies, k), "step {}", i);
             }
             count(&seen.steps, true);
@@ -632,7 +748,7 @@ fn script_matches_model_on(
                 );
             }
             if let Some(retry) = want.retry_after {
-                let early = store.eval(&policy, &recipient, &id, retry - 1, false);
+                let early = store.eval(policy, &recipient, &id, retry - 1, false);
                 prop_assert!(
                     !early.allowed && retry_ms(&early) == Some(retry),
                     "step {}: 1 ms before retry_after {} still refused with the same retry: {:?}",
@@ -640,7 +756,7 @@ fn script_matches_model_on(
                     retry,
                     early
                 );
-                let on_time = store.eval(&policy, &recipient, &id, retry, false);
+                let on_time = store.eval(policy, &recipient, &id, retry, false);
                 prop_assert!(
                     on_time.allowed,
                     "step {}: allowed at retry_after {}: {:?}",
@@ -659,12 +775,13 @@ fn script_matches_model_on(
     }
     let n = |c: &AtomicU32| c.load(Ordering::Relaxed);
     let summary = format!(
-        "{} steps: {} refused, {} redelivered, {} with the clock gone back; {} of {CASES} cases \
-         cut short after {CASE_REAL_TIME:?}",
+        "{} steps: {} refused, {} redelivered, {} with the clock gone back, {} reloads; {} of \
+         {CASES} cases cut short after {CASE_REAL_TIME:?}",
         n(&seen.steps),
         n(&seen.refused),
         n(&seen.redelivered),
         n(&seen.clock_back),
+        n(&seen.reloaded),
         n(&seen.cut_short)
     );
     eprintln!("{summary}");
@@ -672,16 +789,22 @@ fn script_matches_model_on(
         n(&seen.refused) > 0 && n(&seen.redelivered) > 0 && n(&seen.clock_back) > 0,
         "the cases must exercise refusals, redeliveries and a clock going back: {summary}"
     );
+    assert!(
+        !reloads || n(&seen.reloaded) > 0,
+        "no case reloaded the rule: {summary}"
+    );
+}
+
+fn fixed() -> impl Strategy<Value = Params> + Clone {
+    (1u32..=4, 2i64..=12).prop_map(|(limit, halves)| Params::Fixed {
+        limit,
+        window: halves * 500,
+    })
 }
 
 #[test]
 fn fixed_window_script_matches_the_model() {
-    script_matches_model(
-        (1u32..=4, 2i64..=12).prop_map(|(limit, halves)| Params::Fixed {
-            limit,
-            window: halves * 500,
-        }),
-    );
+    script_matches_model(fixed());
 }
 
 fn sliding(list: bool) -> impl Strategy<Value = Params> + Clone {
@@ -708,8 +831,7 @@ fn sliding_window_list_script_matches_the_model() {
     script_matches_model(sliding(true));
 }
 
-#[test]
-fn sliding_log_script_matches_the_model() {
+fn sliding_log() -> impl Strategy<Value = Params> + Clone {
     let policies = prop::collection::btree_set(2i64..=8, 1..=3).prop_flat_map(|subs| {
         let count = subs.len();
         (
@@ -719,35 +841,60 @@ fn sliding_log_script_matches_the_model() {
             any::<bool>(),
         )
     });
-    script_matches_model(
-        (prop::sample::select(vec![1_000i64, 2_000]), policies).prop_map(
-            |(sub, (subs, first, steps, reversed))| {
-                let mut limit = first;
-                let mut policies: Vec<(u32, i64)> = subs
-                    .into_iter()
-                    .zip(steps)
-                    .map(|(n, step)| {
-                        limit += step;
-                        (limit - step, n * sub)
-                    })
-                    .collect();
-                if reversed {
-                    policies.reverse();
-                }
-                Params::Log { sub, policies }
-            },
-        ),
-    );
+    (prop::sample::select(vec![1_000i64, 2_000]), policies).prop_map(
+        |(sub, (subs, first, steps, reversed))| {
+            let mut limit = first;
+            let mut policies: Vec<(u32, i64)> = subs
+                .into_iter()
+                .zip(steps)
+                .map(|(n, step)| {
+                    limit += step;
+                    (limit - step, n * sub)
+                })
+                .collect();
+            if reversed {
+                policies.reverse();
+            }
+            Params::Log { sub, policies }
+        },
+    )
+}
+
+#[test]
+fn sliding_log_script_matches_the_model() {
+    script_matches_model(sliding_log());
+}
+
+fn zset() -> impl Strategy<Value = Params> + Clone {
+    (1u32..=4, 2i64..=12).prop_map(|(limit, halves)| Params::Zset {
+        limit,
+        window: halves * 500,
+    })
 }
 
 #[test]
 fn zset_window_script_matches_the_model() {
-    script_matches_model(
-        (1u32..=4, 2i64..=12).prop_map(|(limit, halves)| Params::Zset {
-            limit,
-            window: halves * 500,
-        }),
-    );
+    script_matches_model(zset());
+}
+
+#[test]
+fn fixed_window_keeps_its_window_across_reloads_that_change_every_parameter() {
+    script_matches_model_across_reloads(fixed());
+}
+
+#[test]
+fn sliding_window_keeps_its_counts_across_reloads_that_change_every_parameter() {
+    script_matches_model_across_reloads(prop_oneof![sliding(false), sliding(true)]);
+}
+
+#[test]
+fn sliding_log_keeps_its_counts_across_reloads_that_change_every_parameter() {
+    script_matches_model_across_reloads(sliding_log());
+}
+
+#[test]
+fn zset_window_keeps_its_sends_across_reloads_that_change_every_parameter() {
+    script_matches_model_across_reloads(zset());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1026,4 +1173,56 @@ fn every_window_kind_allows_a_send_at_exactly_retry_after() {
         let v = rule.send("c", retry);
         assert!(v.allowed, "{params:?}: at retry_after: {v:?}");
     }
+}
+
+/// Keys live long: sub-window counters written before the sub-window length was kept beside
+/// them (in the ids set) are numbered in the rule's current sub-windows, and the next admission
+/// keeps the length, so that a reload after the upgrade moves the counts too.
+#[test]
+fn sliding_window_counters_written_before_their_sub_window_was_kept_are_read_in_the_rules() {
+    let store = Store::open();
+    let before = Params::Sliding {
+        limit: 3,
+        window: 3_000,
+        sub: 1_000,
+        list: false,
+    };
+    let rule = Rule::new(&store, &before, "legacy");
+    let t0 = BASE_MS + 5_000;
+    let ids = format!("{}:ids", rule.key());
+    let _: i64 = store.query(redis::cmd("HSET").arg(rule.key()).arg(t0 / 1_000).arg(2));
+    let _: i64 = store.query(redis::cmd("ZADD").arg(&ids).arg(t0).arg("old"));
+    let v = rule.send("old", t0 + 10);
+    assert!(
+        v.allowed && v.already,
+        "an id the old version admitted: {v:?}"
+    );
+    let v = rule.send("new", t0 + 10);
+    assert_eq!(
+        (v.allowed, v.remaining),
+        (true, Some(0)),
+        "two counted, one more fits"
+    );
+    let kept: Option<f64> = store.query(redis::cmd("ZSCORE").arg(&ids).arg("\0sub"));
+    assert_eq!(
+        kept,
+        Some(-1_000.0),
+        "the admission kept the sub-window length"
+    );
+    // Reloaded with half-second sub-windows: the three sends are in the one holding their
+    // second's start, and count until it leaves the window.
+    let after = Rule::new(
+        &store,
+        &Params::Sliding {
+            limit: 3,
+            window: 3_000,
+            sub: 500,
+            list: true,
+        },
+        "legacy",
+    );
+    let v = after.send("third", t0 + 20);
+    assert!(!v.allowed, "{v:?}");
+    assert_eq!(retry_ms(&v), Some(t0 + 3_000));
+    assert!(after.send("third", t0 + 3_000).allowed);
 }
