@@ -22,6 +22,7 @@ mod deploy_files;
 mod digests;
 mod dispatch_marks;
 mod faults;
+mod exact_ids;
 mod headline_rule_zones;
 mod input_fuzz;
 mod invalid_messages;
