@@ -14,6 +14,7 @@ mod cli;
 mod cluster;
 mod config_fixtures;
 mod console;
+mod console_login;
 mod deadlines;
 mod delivery_guarantees;
 mod denial_history;
