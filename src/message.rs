@@ -145,13 +145,14 @@ pub enum InvalidMessage {
     /// The attributes break a limit of [`crate::attributes`]; names the key at fault.
     #[error("field `attributes`: {0}")]
     Attribute(AttributeError),
-    /// `expires_at` is not an RFC 3339 instant with an offset, or lies outside the supported
-    /// instants ([`crate::clock::in_range`]).
+    /// `expires_at` is not an RFC 3339 instant with an offset, or is not one of the instants
+    /// the worker holds ([`crate::clock::in_range`]: outside the range, or a leap second).
     #[error("field `expires_at` {fault}, got {got}")]
     BadExpiresAt {
         /// The text as [`echo`] repeats it.
         got: String,
-        /// Which rule it breaks ([`ExpiresAt::NOT_RFC3339`] or [`ExpiresAt::OUT_OF_RANGE`]).
+        /// Which rule it breaks ([`ExpiresAt::NOT_RFC3339`], [`ExpiresAt::OUT_OF_RANGE`] or
+        /// [`ExpiresAt::LEAP_SECOND`]).
         fault: &'static str,
     },
 }
@@ -295,14 +296,21 @@ impl ExpiresAt {
     /// worker's clock and stored, which hold only those.
     pub const OUT_OF_RANGE: &'static str = "must lie from 1970-01-01T00:00:00Z up to (not \
         including) 9000-01-01T00:00:00Z";
+    /// Why a leap second (`23:59:60Z`) is refused, as every instant from outside is
+    /// ([`crate::clock::in_range`]): the worker's clock, Unix time, has no such second.
+    pub const LEAP_SECOND: &'static str = "must not be a leap second (a 60th second): the \
+        worker's clock has none";
 
-    /// Parses `text` as the worker takes it: RFC 3339 with an offset, inside the supported
-    /// instants; otherwise which of the two it breaks.
+    /// Parses `text` as the worker takes it: RFC 3339 with an offset, one of the instants the
+    /// worker holds; otherwise which rule it breaks.
     pub fn parse(text: &str) -> Result<ExpiresAt, &'static str> {
         let at = DateTime::parse_from_rfc3339(text)
             .map_err(|_| ExpiresAt::NOT_RFC3339)?
             .with_timezone(&Utc);
-        crate::clock::in_range(at).map_err(|_| ExpiresAt::OUT_OF_RANGE)?;
+        crate::clock::in_range(at).map_err(|e| match e {
+            crate::clock::OutOfRange::LeapSecond { .. } => ExpiresAt::LEAP_SECOND,
+            crate::clock::OutOfRange::Range { .. } => ExpiresAt::OUT_OF_RANGE,
+        })?;
         Ok(ExpiresAt {
             at,
             text: text.to_owned(),

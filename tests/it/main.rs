@@ -27,6 +27,7 @@ mod faults;
 mod headline_rule_zones;
 mod input_fuzz;
 mod invalid_messages;
+mod leap_seconds;
 mod local_windows_model;
 mod observability;
 mod ordering;
