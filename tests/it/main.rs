@@ -44,6 +44,7 @@ mod rule_reload;
 mod security;
 mod send_windows;
 mod settings;
+mod shutdown;
 mod tls;
 mod traces;
 mod unavailable;
