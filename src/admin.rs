@@ -131,13 +131,15 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes.
+/// Serves the API on `listener` until `shutdown` completes. Each request knows its peer's
+/// address: the console's login counts attempts per client.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -38,29 +38,30 @@ pub enum AttributeError {
     /// More than [`MAX_ATTRIBUTES`] entries.
     #[error("has {0} entries, more than the limit of {MAX_ATTRIBUTES}")]
     TooMany(usize),
-    /// One key appears twice (JSON parsers differ on which one wins, so none does).
-    #[error("key {0:?} appears more than once")]
+    /// One key appears twice (JSON parsers differ on which one wins, so none does); holds
+    /// the key as a reason repeats it ([`message::echo`]).
+    #[error("key {0} appears more than once")]
     Duplicate(String),
     /// A key is not a name of [`NAME_GRAMMAR`].
-    #[error("key {key:?} {fault}: {NAME_GRAMMAR}")]
+    #[error("key {key} {fault}: {NAME_GRAMMAR}")]
     KeyNotAName {
-        /// The key, as a reason repeats it.
+        /// The key, as a reason repeats it ([`message::echo`]).
         key: String,
         /// What breaks the grammar.
         fault: NameFault,
     },
     /// A key is longer than [`MAX_KEY_CHARS`].
-    #[error("key {key:?} is {len} characters, more than the limit of {MAX_KEY_CHARS}")]
+    #[error("key {key} is {len} characters, more than the limit of {MAX_KEY_CHARS}")]
     KeyTooLong {
-        /// The key, as a reason repeats it.
+        /// The key, as a reason repeats it ([`message::echo`]).
         key: String,
         /// Its length in characters.
         len: usize,
     },
     /// A value breaks the limits of attribute values.
-    #[error("value of key {key:?} {fault}")]
+    #[error("value of key {key} {fault}")]
     Value {
-        /// The key whose value it is.
+        /// The key whose value it is, as a reason repeats it ([`message::echo`]).
         key: String,
         /// What is wrong with the value.
         fault: ValueFault,

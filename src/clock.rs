@@ -75,25 +75,44 @@ pub const END_MS: i64 = 221_845_392_000_000;
 /// large cost slowly is the one that could go further, and is refused at load.
 pub const MAX_WAIT_DAYS: i64 = 365_000;
 
-/// An instant outside the range the worker decides at.
+/// An instant the worker does not decide at: outside its range, or a leap second.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{at} is outside the supported range of instants, 1970-01-01T00:00:00Z up to (not \
-     including) 9000-01-01T00:00:00Z"
-)]
-pub struct OutOfRange {
-    /// The refused instant, in RFC 3339 (years past 9999 with a sign, as chrono writes them).
-    pub at: String,
+pub enum OutOfRange {
+    /// Before the epoch or from the year 9000 on.
+    #[error(
+        "{at} is outside the supported range of instants, 1970-01-01T00:00:00Z up to (not \
+         including) 9000-01-01T00:00:00Z"
+    )]
+    Range {
+        /// The refused instant, in RFC 3339 (years past 9999 with a sign, as chrono writes
+        /// them).
+        at: String,
+    },
+    /// A 60th second (`23:59:60Z`), which RFC 3339 can write and chrono reads, but Unix time,
+    /// the worker's clock, does not have: read as it is, it would be compared as the second
+    /// before and counted as the second after, and echoed back as written.
+    #[error(
+        "{at} is a leap second, which the worker's clock (Unix time) does not have: write the \
+         second before or after it"
+    )]
+    LeapSecond {
+        /// The refused instant, in RFC 3339.
+        at: String,
+    },
 }
 
-/// `at` when it lies in the supported range ([`EARLIEST_MS`] up to [`END_MS`]).
+/// `at` when it is an instant the worker decides at: in the supported range ([`EARLIEST_MS`]
+/// up to [`END_MS`]) and not a leap second. Every instant from outside passes here, so
+/// all are read by one rule.
 pub fn in_range(at: DateTime<Utc>) -> Result<DateTime<Utc>, OutOfRange> {
+    let written = || at.to_rfc3339_opts(SecondsFormat::AutoSi, true);
+    if at.timestamp_subsec_nanos() >= 1_000_000_000 {
+        return Err(OutOfRange::LeapSecond { at: written() });
+    }
     if (EARLIEST_MS..END_MS).contains(&at.timestamp_millis()) {
         Ok(at)
     } else {
-        Err(OutOfRange {
-            at: at.to_rfc3339_opts(SecondsFormat::AutoSi, true),
-        })
+        Err(OutOfRange::Range { at: written() })
     }
 }
 
@@ -171,6 +190,25 @@ mod tests {
         let text = latest.to_rfc3339_opts(SecondsFormat::AutoSi, true);
         assert!(text.starts_with("9999-"), "{text}");
         assert_eq!(at(&text), latest);
+    }
+
+    #[test]
+    fn a_leap_second_is_refused_wherever_an_instant_comes_from() {
+        let now = at("2026-05-01T09:00:00Z");
+        for text in ["2016-12-31T23:59:60Z", "2017-01-01T05:29:60.5+05:30"] {
+            let leap = at(text);
+            let refused = in_range(leap).map_err(|e| e.to_string());
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.contains("is a leap second")),
+                "{text}: {refused:?}"
+            );
+            let refused = parse_instant_or_age(text, now).expect_err(text);
+            assert!(refused.contains("is a leap second"), "{refused}");
+        }
+        assert!(in_range(at("2016-12-31T23:59:59.999Z")).is_ok());
+        assert!(in_range(at("2017-01-01T00:00:00Z")).is_ok());
     }
 
     #[test]

@@ -124,8 +124,8 @@ pub enum InvalidMessage {
         /// Which of Postgres's limits it passes.
         fault: &'static str,
     },
-    /// The time zone is not an IANA zone name.
-    #[error("unknown time zone {0:?}")]
+    /// The time zone is not an IANA zone name; holds the name as [`echo`] repeats it.
+    #[error("unknown time zone {0}")]
     UnknownTimeZone(String),
     /// The payload nests arrays and objects deeper than [`MAX_PAYLOAD_DEPTH`], which the
     /// denial history's jsonb copy cannot be parsed from.
@@ -134,22 +134,25 @@ pub enum InvalidMessage {
     /// The payload holds a NUL character, which the denial history (jsonb) cannot store.
     #[error("field `payload` contains a NUL character (\\u0000), which cannot be stored")]
     NulInPayload,
-    /// The cost is not a whole number from 1 to [`MAX_COST`]; holds the JSON as written.
+    /// The cost is not a whole number from 1 to [`MAX_COST`]; holds what it is instead (see
+    /// [`echo_json`]).
     #[error("field `cost` must be a whole number from 1 to {MAX_COST}, got {0}")]
     BadCost(String),
-    /// The priority is not one of [`Priority::ALL`]'s names; holds the name as written.
-    #[error("field `priority` must be {names}, got {0:?}", names = Priority::names())]
+    /// The priority is not one of [`Priority::ALL`]'s names; holds the name as [`echo`]
+    /// repeats it.
+    #[error("field `priority` must be {names}, got {0}", names = Priority::names())]
     BadPriority(String),
     /// The attributes break a limit of [`crate::attributes`]; names the key at fault.
     #[error("field `attributes`: {0}")]
     Attribute(AttributeError),
-    /// `expires_at` is not an RFC 3339 instant with an offset, or lies outside the supported
-    /// instants ([`crate::clock::in_range`]).
+    /// `expires_at` is not an RFC 3339 instant with an offset, or is not one of the instants
+    /// the worker holds ([`crate::clock::in_range`]: outside the range, or a leap second).
     #[error("field `expires_at` {fault}, got {got}")]
     BadExpiresAt {
-        /// The text as written (its start, when long).
+        /// The text as [`echo`] repeats it.
         got: String,
-        /// Which rule it breaks ([`ExpiresAt::NOT_RFC3339`] or [`ExpiresAt::OUT_OF_RANGE`]).
+        /// Which rule it breaks ([`ExpiresAt::NOT_RFC3339`], [`ExpiresAt::OUT_OF_RANGE`] or
+        /// [`ExpiresAt::LEAP_SECOND`]).
         fault: &'static str,
     },
 }
@@ -293,14 +296,21 @@ impl ExpiresAt {
     /// worker's clock and stored, which hold only those.
     pub const OUT_OF_RANGE: &'static str = "must lie from 1970-01-01T00:00:00Z up to (not \
         including) 9000-01-01T00:00:00Z";
+    /// Why a leap second (`23:59:60Z`) is refused, as every instant from outside is
+    /// ([`crate::clock::in_range`]): the worker's clock, Unix time, has no such second.
+    pub const LEAP_SECOND: &'static str = "must not be a leap second (a 60th second): the \
+        worker's clock has none";
 
-    /// Parses `text` as the worker takes it: RFC 3339 with an offset, inside the supported
-    /// instants; otherwise which of the two it breaks.
+    /// Parses `text` as the worker takes it: RFC 3339 with an offset, one of the instants the
+    /// worker holds; otherwise which rule it breaks.
     pub fn parse(text: &str) -> Result<ExpiresAt, &'static str> {
         let at = DateTime::parse_from_rfc3339(text)
             .map_err(|_| ExpiresAt::NOT_RFC3339)?
             .with_timezone(&Utc);
-        crate::clock::in_range(at).map_err(|_| ExpiresAt::OUT_OF_RANGE)?;
+        crate::clock::in_range(at).map_err(|e| match e {
+            crate::clock::OutOfRange::LeapSecond { .. } => ExpiresAt::LEAP_SECOND,
+            crate::clock::OutOfRange::Range { .. } => ExpiresAt::OUT_OF_RANGE,
+        })?;
         Ok(ExpiresAt {
             at,
             text: text.to_owned(),
@@ -437,7 +447,7 @@ impl SendRequest {
         let timezone = match text("timezone", wire.timezone)? {
             Some(name) => Some(
                 name.parse::<Tz>()
-                    .map_err(|_| InvalidMessage::UnknownTimeZone(name))?,
+                    .map_err(|_| InvalidMessage::UnknownTimeZone(echo(&name)))?,
             ),
             None => None,
         };
@@ -447,7 +457,7 @@ impl SendRequest {
                 .parse::<u32>()
                 .ok()
                 .filter(|c| (1..=MAX_COST).contains(c))
-                .ok_or_else(|| InvalidMessage::BadCost(echo(raw)))?,
+                .ok_or_else(|| InvalidMessage::BadCost(echo_json(raw)))?,
         };
         if let Some(payload) = &wire.payload {
             if let Some(fault) = payload_fault(payload.get()) {
@@ -462,7 +472,7 @@ impl SendRequest {
             Some(at) => {
                 Some(
                     ExpiresAt::parse(&at).map_err(|fault| InvalidMessage::BadExpiresAt {
-                        got: format!("{:?}", echo(&at)),
+                        got: echo(&at),
                         fault,
                     })?,
                 )
@@ -470,8 +480,9 @@ impl SendRequest {
             None => None,
         };
         let priority = match text("priority", wire.priority)? {
-            Some(name) => Priority::parse(&name)
-                .ok_or_else(|| InvalidMessage::BadPriority(one_line(&name)))?,
+            Some(name) => {
+                Priority::parse(&name).ok_or_else(|| InvalidMessage::BadPriority(echo(&name)))?
+            }
             None => Priority::default(),
         };
         Ok(SendRequest {
@@ -657,9 +668,32 @@ fn short_string(field: &'static str, value: String) -> Result<String, InvalidMes
 /// Longest piece of a producer's value a reason repeats.
 const ECHO_CHARS: usize = 40;
 
-/// `text` as a reason repeats it: one line, cut after [`ECHO_CHARS`] characters.
+/// A producer's string as every reason repeats it, the one rule for all fields: cut after
+/// [`ECHO_CHARS`] characters (`...` marks the cut), then quoted and escaped once as Rust
+/// writes a string literal (`"`, `\`, control, format and other invisible characters as
+/// escapes). One line, and the same text for the same value whichever field it came in; a
+/// reason's own text never escapes it again.
 pub(crate) fn echo(text: &str) -> String {
-    let mut out = one_line(&text.chars().take(ECHO_CHARS).collect::<String>());
+    format!("{:?}", cut(text))
+}
+
+/// A JSON value where a number was due, as a reason repeats it: a number as written (its
+/// characters need no escape; cut as [`echo`] cuts), a string as [`echo`] repeats its text,
+/// anything else by its type.
+fn echo_json(json: &str) -> String {
+    match json_type(json) {
+        "a number" => cut(json),
+        "a string" => serde_json::from_str::<String>(json)
+            .map(|text| echo(&text))
+            .unwrap_or_else(|_| "a string".to_owned()),
+        other => other.to_owned(),
+    }
+}
+
+/// `text` cut after [`ECHO_CHARS`] characters, `...` when cut: a number as a reason repeats
+/// it (its characters need no escape), or a string before [`echo`] quotes it.
+fn cut(text: &str) -> String {
+    let mut out: String = text.chars().take(ECHO_CHARS).collect();
     if text.chars().nth(ECHO_CHARS).is_some() {
         out.push_str("...");
     }
@@ -668,13 +702,24 @@ pub(crate) fn echo(text: &str) -> String {
 
 /// The reason for a body (or a field's `json`) serde_json refused. Its messages are kept where
 /// they say what is wrong; a lone surrogate, of which serde_json says "unexpected end of hex
-/// escape", is named here.
+/// escape", is named here, and an unknown field's name is repeated as every value is.
 pub(crate) fn malformed(
     field: Option<&'static str>,
     json: &[u8],
     e: &serde_json::Error,
 ) -> InvalidMessage {
     let message = e.to_string();
+    // serde names an unknown field between backticks, as it came: repeated as [`echo`] does.
+    if let Some((name, rest)) = message.strip_prefix("unknown field `").and_then(|rest| {
+        rest.rfind("`, expected")
+            .map(|end| (&rest[..end], &rest[end + 1..]))
+    }) {
+        return InvalidMessage::Malformed(format!(
+            "unknown field {}{}",
+            echo(name),
+            one_line(rest)
+        ));
+    }
     if message.starts_with("unexpected end of hex escape")
         || message.starts_with("lone leading surrogate in hex escape")
     {
@@ -706,7 +751,7 @@ fn payload_fault(json: &str) -> Option<InvalidMessage> {
         },
         Fault::TooDeep => InvalidMessage::TooDeep,
         Fault::Number(at, end, fault) => InvalidMessage::UnstorableNumber {
-            number: echo(json.get(at..end).unwrap_or_default()),
+            number: cut(json.get(at..end).unwrap_or_default()),
             fault,
         },
     })
@@ -1328,7 +1373,8 @@ mod tests {
                 r#""9000-01-01T00:00:00Z""#,
                 format!("{out_of_range}, got \"9000-01-01T00:00:00Z\""),
             ),
-            (r#""a\nb""#, format!("{not_rfc3339}, got \"a\\\\nb\"")),
+            // Escaped once, as every field's value is (the reason read `"a\\nb"`: escaped twice).
+            (r#""a\nb""#, format!("{not_rfc3339}, got \"a\\nb\"")),
             ("1777626000", "must be a string, got a number".to_owned()),
         ] {
             assert_eq!(

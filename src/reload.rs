@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::config::Settings;
+use crate::config::{ConfigError, Settings};
 use crate::denials::DenialStore;
 use crate::deny_cache::DenyCache;
 use crate::policy::{Policy, Rule};
@@ -183,7 +183,8 @@ impl std::fmt::Display for Source {
 /// Why a reload did not apply; the running rules stay.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
-    /// The file does not load or validate: the one line start-up would print.
+    /// The file does not load or validate: the one line start-up would print, less the
+    /// file's path (see [`without_path`]).
     #[error("{0}")]
     Invalid(String),
     /// The change could not be recorded in `policy_changes`, so it was not applied: no change
@@ -278,7 +279,9 @@ impl Reloader {
             Err(e) => {
                 metrics::counter!(telemetry::POLICY_RELOAD_FAILURES).increment(1);
                 let line = crate::message::one_line(&e.to_string());
-                error!(%source, error = %line, "rules not reloaded; the running rules stay");
+                let file = self.source.as_deref().map(|p| p.display().to_string());
+                let file = crate::message::one_line(&file.unwrap_or_default());
+                error!(%source, %file, error = %line, "rules not reloaded; the running rules stay");
             }
         }
         reloaded
@@ -291,7 +294,7 @@ impl Reloader {
         })
         .await
         .map_err(|e| ReloadError::Invalid(format!("reading the configuration: {e}")))?
-        .map_err(|e| ReloadError::Invalid(e.to_string()))?;
+        .map_err(|e| ReloadError::Invalid(without_path(&e)))?;
         let restart_needed = self.restart_needed(&loaded);
         if !restart_needed.is_empty() {
             warn!(settings = %restart_needed.join(", "),
@@ -340,6 +343,17 @@ impl Reloader {
         keys.sort();
         keys.dedup();
         keys
+    }
+}
+
+/// What a reload's caller is told of a file that does not load: start-up's line without the
+/// file's path. The caller holds an admin token, not a shell on the host: where the worker's
+/// files live is not theirs to learn from an error (the log line names the file).
+fn without_path(e: &ConfigError) -> String {
+    match e {
+        ConfigError::Read { source, .. } => format!("cannot read the config file: {source}"),
+        ConfigError::Parse { message, .. } => format!("config file: {message}"),
+        other => other.to_string(),
     }
 }
 

@@ -142,10 +142,11 @@ pub fn request_schema(max_body_bytes: usize) -> Value {
     })
 }
 
-/// The shape of an RFC 3339 instant with an offset, in the years the worker takes (the
-/// `date-time` format is only an annotation to most validators). It cannot say which days a
+/// The shape of an RFC 3339 instant with an offset, in the years the worker takes and without
+/// the leap second (`:60`) it refuses (the `date-time` format is only an annotation to most
+/// validators). It cannot say which days a
 /// month has, nor that an offset moves the first instants of 1970 into 1969.
-const EXPIRES_AT_PATTERN: &str = r"^(19[7-9][0-9]|[2-8][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$";
+const EXPIRES_AT_PATTERN: &str = r"^(19[7-9][0-9]|[2-8][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$";
 
 /// The pattern of ids and recipients: no control character and no format character or
 /// separator the worker refuses, as an ECMA-262 character class of the Basic Multilingual

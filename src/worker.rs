@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -153,6 +153,7 @@ async fn consume(
         .min(usize::from(settings.amqp.prefetch));
     let sequence = Sequence::new();
     let unrouted = Arc::new(Unrouted::default());
+    let tally = Arc::new(std::sync::Mutex::new(Tally::default()));
     let (settler, settling) = Settler::spawn(channel.clone());
     let mut watchdog =
         tokio::time::interval(Duration::from_millis(settings.worker.watchdog_interval_ms));
@@ -210,7 +211,7 @@ async fn consume(
                         request,
                         unrouted: unrouted.clone(),
                     };
-                    task.spawn(delivery, slot);
+                    task.spawn(delivery, slot, tally.clone());
                 }
                 Some(Err(e)) => break Err(e.into()),
                 None => {
@@ -224,6 +225,12 @@ async fn consume(
             },
         }
     };
+    // Deliveries the broker handed over that no task took: they go back when the channel
+    // closes.
+    let mut untaken = 0;
+    while let Some(Some(Ok(_))) = consumer.next().now_or_never() {
+        untaken += 1;
+    }
     drop(consumer);
     // A flush under way finishes (its digest sent and marked, or left to the next one).
     let _ = flusher_stop.send(true);
@@ -235,8 +242,39 @@ async fn consume(
         // The session is lost: publishes still waiting on it will not be confirmed.
         publisher.end();
     }
-    drain(settings, &slots, settler, settling).await;
+    let at_stop = Tally::now(&tally);
+    let after = drain(settings, &slots, &tally, settler, settling).await;
+    if result.is_ok() {
+        let drained = after.acked - at_stop.acked;
+        let returned = after.requeued - at_stop.requeued + after.running + untaken;
+        info!(
+            drained,
+            returned,
+            "stopped: the deliveries in flight drained (finished and acked) or returned to the \
+             queue unacked"
+        );
+    }
     result
+}
+
+/// The session's deliveries as their tasks start and end: what a stopping worker says it
+/// drained and returned. Counted under one lock, so a delivery is always in exactly one of the
+/// three.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    /// Tasks still working on their delivery.
+    running: usize,
+    /// Deliveries handed to the settler to be acked (an outcome, a quarantine, a yield).
+    acked: usize,
+    /// Deliveries given up and handed back to the queue.
+    requeued: usize,
+}
+
+impl Tally {
+    /// The counts now.
+    fn now(tally: &std::sync::Mutex<Tally>) -> Tally {
+        *tally.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Declares the topology on `channel` and starts consuming the requests queue there with the
@@ -297,13 +335,15 @@ async fn check_not_stalled(channel: &Channel, queue: &str) -> Result<(), BrokerE
 }
 
 /// Lets the deliveries in flight finish (up to the shutdown timeout) and sends the acks still
-/// owed; what does not make it returns to the queue unacked.
+/// owed; what does not make it returns to the queue unacked. Returns the session's counts as
+/// the settler stopped taking reports: a task still running then is returned.
 async fn drain(
     settings: &Settings,
     slots: &Semaphore,
+    tally: &std::sync::Mutex<Tally>,
     settler: Settler,
     settling: tokio::task::JoinHandle<()>,
-) {
+) -> Tally {
     let drained = tokio::time::timeout(
         Duration::from_millis(settings.worker.shutdown_timeout_ms),
         slots.acquire_many(settings.worker.concurrency as u32),
@@ -312,6 +352,7 @@ async fn drain(
     if drained.is_err() {
         warn!("in-flight messages did not finish in time; they return to the queue unacked");
     }
+    let settled = Tally::now(tally);
     settler.finish();
     if tokio::time::timeout(broker::BROKER_TIMEOUT, settling)
         .await
@@ -319,6 +360,7 @@ async fn drain(
     {
         warn!("acks still owed could not be sent in time; the broker redelivers");
     }
+    settled
 }
 
 /// One delivery being processed, with what it needs to retry.
@@ -342,13 +384,29 @@ struct Task {
 }
 
 impl Task {
-    /// Processes `delivery` on its own task, holding `slot` until it is done.
-    fn spawn(self, delivery: Delivery, slot: tokio::sync::OwnedSemaphorePermit) {
+    /// Processes `delivery` on its own task, holding `slot` until it is done, counted in
+    /// `tally`.
+    fn spawn(
+        self,
+        delivery: Delivery,
+        slot: tokio::sync::OwnedSemaphorePermit,
+        tally: Arc<std::sync::Mutex<Tally>>,
+    ) {
         let in_flight = self.pipeline.rules.current().metrics.in_flight();
+        tally.lock().unwrap_or_else(|p| p.into_inner()).running += 1;
         // Boxed: the runtime moves a task's future when it is spawned and again when it
         // completes; a box is moved as a pointer.
         tokio::spawn(Box::pin(async move {
-            self.process(delivery).await;
+            let ended = self.process(delivery).await;
+            {
+                let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
+                tally.running -= 1;
+                if ended == traces::REQUEUED {
+                    tally.requeued += 1;
+                } else {
+                    tally.acked += 1;
+                }
+            }
             drop((slot, in_flight));
         }));
     }
@@ -361,8 +419,9 @@ impl Task {
 
     /// Handles the delivery until its outcome is durable, then hands it to the settler to be
     /// acked. Retries on service failures; gives up (the message goes back to the queue) when
-    /// the channel is gone or the worker is stopping.
-    async fn process(mut self, delivery: Delivery) {
+    /// the channel is gone or the worker is stopping. Returns how it was settled
+    /// ([`traces::REQUEUED`] when given back).
+    async fn process(mut self, delivery: Delivery) -> &'static str {
         let claim = Claim::new(self.pipeline.claim_lease_ms);
         let mut failures = Failures::default();
         // The delivery's `receive` span, ended when the delivery is settled or given up;
@@ -405,7 +464,7 @@ impl Task {
                         .count(self.pipeline.clock.now(), &handled);
                     log_handled(&delivery, request, &handled);
                     self.settler.ack(delivery.delivery_tag);
-                    return;
+                    return handled.name().as_str();
                 }
                 Err(e) => {
                     failures.count(&e, &self.pipeline.steps.names);
@@ -420,7 +479,7 @@ impl Task {
                         if let Some(trace) = &trace {
                             trace.settled(settled, &[]);
                         }
-                        return;
+                        return settled;
                     }
                 }
             }

@@ -45,7 +45,15 @@ pub struct Filters {
     limit: String,
 }
 
-/// A blank field is no filter.
+/// An empty field is no filter; any other names exactly what it holds. Ids (recipients,
+/// rules, channels, categories) are compared as given, spaces and all, as the API and the CLI
+/// compare them: `" alice"` finds the denials of `" alice"`, not those of `alice`.
+fn exact(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// A blank field is no filter: instants, ages and numbers, typed by people, are read without
+/// the spaces around them.
 fn given(s: &str) -> Option<String> {
     let s = s.trim();
     (!s.is_empty()).then(|| s.to_owned())
@@ -74,10 +82,10 @@ fn number(name: &str, s: &str) -> Result<Option<i64>, ConsoleError> {
 impl Filters {
     fn query(&self) -> Result<DenialQuery, ConsoleError> {
         Ok(DenialQuery {
-            recipient: given(&self.recipient),
-            rule: given(&self.rule),
-            channel: given(&self.channel),
-            category: given(&self.category),
+            recipient: exact(&self.recipient),
+            rule: exact(&self.rule),
+            channel: exact(&self.channel),
+            category: exact(&self.category),
             since: given(&self.since),
             until: given(&self.until),
             shadow: flag("shadow", &self.shadow)?,
@@ -89,6 +97,7 @@ impl Filters {
     }
 
     /// The query string of these filters with `after` set to `after`: the next page's link.
+    /// Every field is carried as it was given, so an id keeps its spaces from page to page.
     fn with_after(&self, after: Option<i64>) -> String {
         let fields = [
             ("recipient", self.recipient.as_str()),
@@ -106,8 +115,8 @@ impl Filters {
         fields
             .into_iter()
             .chain([("after", after.as_str())])
-            .filter(|(_, v)| !v.trim().is_empty())
-            .map(|(k, v)| format!("{k}={}", encode(v.trim())))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={}", encode(v)))
             .collect::<Vec<_>>()
             .join("&")
     }
@@ -305,6 +314,28 @@ mod tests {
         assert_eq!(
             filters.with_after(None),
             "recipient=a%20b%26c%3D%3Cd%3E&rule=headline&shadow=false"
+        );
+    }
+
+    #[test]
+    fn ids_filter_exactly_as_given_and_keep_their_spaces_on_the_next_page() {
+        let filters = Filters {
+            recipient: " alice".to_owned(),
+            channel: "sms ".to_owned(),
+            since: " 7d ".to_owned(),
+            ..Filters::default()
+        };
+        let query = filters.query().expect("valid");
+        assert_eq!(query.recipient.as_deref(), Some(" alice"));
+        assert_eq!(query.channel.as_deref(), Some("sms "));
+        assert_eq!(
+            query.since.as_deref(),
+            Some("7d"),
+            "an age is read without spaces"
+        );
+        assert_eq!(
+            filters.with_after(Some(7)),
+            "recipient=%20alice&channel=sms%20&since=%207d%20&after=7"
         );
     }
 

@@ -35,7 +35,7 @@ use crate::admin::AdminState;
 use crate::broker::Names;
 use crate::config::AmqpSettings;
 
-pub use session::{Session, Sessions, SESSION_TTL};
+pub use session::{LoginThrottle, Session, Sessions, MAX_LOGIN_DELAY, SESSION_TTL};
 
 /// A page's query string read as `T`; a query that does not read is refused as the console
 /// refuses any bad input (a page saying what was wrong), not with axum's plain-text rejection.
@@ -63,6 +63,8 @@ where
 pub struct Console {
     /// Logged-in operators.
     pub sessions: Sessions,
+    /// Login attempts per client address, which wait longer the more fail.
+    pub login_throttle: LoginThrottle,
     /// How to reach the broker: the quarantine pages open a connection per request, as the CLI
     /// does, named [`BROKER_ROLE`].
     pub amqp: AmqpSettings,
@@ -75,6 +77,7 @@ impl Console {
     pub fn new(amqp: AmqpSettings, names: Names) -> Console {
         Console {
             sessions: Sessions::default(),
+            login_throttle: LoginThrottle::default(),
             amqp,
             names,
         }

@@ -61,7 +61,8 @@ pub struct ReplayForm {
 
 impl ReplayForm {
     fn which(&self) -> Result<Which, ConsoleError> {
-        match (self.all.as_str(), self.message_id.trim()) {
+        // The id as given, spaces and all: the queue's `message_id` is compared exactly.
+        match (self.all.as_str(), self.message_id.as_str()) {
             ("1", "") => Ok(Which::All {
                 limit: REPLAY_ALL_LIMIT,
             }),
@@ -144,5 +145,25 @@ pub async fn replay(
             },
         }),
         Err(e) => ConsoleError::Service(e.to_string()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_id_is_replayed_exactly_as_given() {
+        let form = ReplayForm {
+            message_id: " m1 ".to_owned(),
+            ..ReplayForm::default()
+        };
+        assert_eq!(
+            form.which().expect("one message"),
+            Which::One {
+                message_id: " m1 ".to_owned()
+            }
+        );
+        assert!(ReplayForm::default().which().is_err(), "which one?");
     }
 }

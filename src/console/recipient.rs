@@ -19,7 +19,9 @@ use crate::limiter::Limiter;
 const RECENT: i64 = 20;
 
 /// The page's query: the recipient and, optionally, their zone (for rules counting in local
-/// time).
+/// time). The id is taken exactly as given, spaces and all, as the API and the worker take it:
+/// `" alice"` is another recipient than `alice`, and a page or reset of one must never reach
+/// the other.
 #[derive(Debug, Default, Deserialize)]
 pub struct Which {
     #[serde(default)]
@@ -58,7 +60,7 @@ pub async fn page(
     Params(which): Params<Which>,
 ) -> Response {
     let layout = Layout::new(&session, "Recipient", "recipient");
-    let id = which.id.trim().to_owned();
+    let id = which.id;
     let timezone = which.timezone.trim().to_owned();
     if id.is_empty() {
         return render(&Page {
@@ -144,7 +146,7 @@ pub async fn confirm_reset(
     Extension(session): Extension<Session>,
     Params(which): Params<Which>,
 ) -> Response {
-    let id = which.id.trim().to_owned();
+    let id = which.id;
     if id.is_empty() {
         return ConsoleError::Input("which recipient?".to_owned()).into_response();
     }
@@ -185,7 +187,7 @@ pub async fn reset(
     if let Err(e) = session.check_csrf(&form.csrf) {
         return e.into_response();
     }
-    let id = form.id.trim();
+    let id = form.id.as_str();
     if id.is_empty() {
         return ConsoleError::Input("which recipient?".to_owned()).into_response();
     }

@@ -148,7 +148,7 @@ async fn bad_attributes_go_to_the_invalid_queue_with_a_reason_naming_the_key() {
     }
     let typo_reason = reasons.remove(&typo).expect("the typo was refused");
     assert!(
-        typo_reason.contains("unknown field `attribute`"),
+        typo_reason.contains("unknown field \"attribute\""),
         "{typo_reason}"
     );
     assert_eq!(reasons, expected);

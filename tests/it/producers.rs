@@ -221,6 +221,10 @@ const AGREED: &[(&str, bool)] = &[
         false,
     ),
     (
+        r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":"2016-12-31T23:59:60Z"}"#,
+        false,
+    ),
+    (
         r#"{"id":"m-1","recipient":"u","channel":"sms","expires_at":1777626000}"#,
         false,
     ),

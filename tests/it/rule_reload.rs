@@ -443,4 +443,55 @@ async fn a_reload_that_changes_a_rate_or_a_sub_window_carries_each_rules_level_o
     // A state kept in the other storage is read (it was an error: WRONGTYPE).
     assert_eq!(sent_of(&env, "storage", 10..20).await, 2, "storage");
     drop(worker);
+
+/// A reload's caller learns what is wrong with the file, not where the worker keeps it: a
+/// file that does not parse, or cannot be read, is refused (400) with an error that names
+/// neither the file's absolute path nor its name; the log line names the file.
+#[tokio::test]
+async fn a_reload_error_does_not_reveal_the_config_file_s_path_to_the_caller() {
+    let env = TestEnv::new().await;
+    let worker = Worker::start(&env, HEADLINE).await;
+    let path = worker.file.path().to_owned();
+    let name = std::path::Path::new(&path)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a file name")
+        .to_owned();
+
+    worker.write_rules("[[rules]\nname = \"headline\"\n");
+    let reply = worker.reload(Some(TOKEN)).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let error = reply.json()["error"].as_str().expect("error").to_owned();
+    assert!(
+        error.starts_with("config file: line 3:"),
+        "what and where in the file: {error}"
+    );
+    assert!(
+        !error.contains(&name) && !error.contains(&path),
+        "the file's path is not the caller's: {error}"
+    );
+
+    std::fs::remove_file(&path).expect("remove the config file");
+    let reply = worker.reload(Some(TOKEN)).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let error = reply.json()["error"].as_str().expect("error").to_owned();
+    assert!(
+        error.starts_with("cannot read the config file: "),
+        "{error}"
+    );
+    assert!(
+        !error.contains(&name) && !error.contains(&path),
+        "the file's path is not the caller's: {error}"
+    );
+    let logged = worker
+        .process
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("rules not reloaded"))
+        .collect::<Vec<_>>();
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert!(
+        logged.iter().all(|l| l.contains(&path)),
+        "the log names the file: {logged:?}"
+    );
 }
