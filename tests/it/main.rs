@@ -21,6 +21,7 @@ mod deny_cache;
 mod deploy_files;
 mod digests;
 mod dispatch_marks;
+mod docs_links;
 mod faults;
 mod headline_rule_zones;
 mod input_fuzz;
