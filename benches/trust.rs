@@ -1,18 +1,18 @@
 //! Trust run: the worker under real traffic, with injected duplicates and poison
 //! messages, through a restart of each service, reconciled message by message at the end.
 //!
-//! Why it exists: the README promises that every request ends up dispatched, denied, invalid or
-//! quarantined, that a (recipient, id) is dispatched at most once outside the crash window
-//! (a lost connection between the broker's confirm and the dispatch mark), and that poison
-//! messages leave the flow instead of wedging it. The unit and fault tests check each promise
-//! on a few messages; this run checks them together, at volume, with two worker processes at
-//! their default settings while Redis, RabbitMQ and Postgres are each stopped for a few seconds
-//! and started again. It takes minutes, so it is a bench, not part of `cargo test`.
+//! Why it exists: docs/guarantees.md promises that every request ends up dispatched, denied,
+//! invalid or quarantined, that a (recipient, id) is dispatched at most once outside the crash
+//! window (a lost connection between the broker's confirm and the dispatch mark), and that poison
+//! messages leave the flow instead of wedging it. The unit and fault tests check each promise on a
+//! few messages; this run checks them together, at volume, with two worker processes at their
+//! default settings while Redis, RabbitMQ and Postgres are each stopped for a few seconds and
+//! started again. It takes minutes, so it is a bench, not part of `cargo test`.
 //!
 //! What it does:
 //! - starts private Redis (append-only file, fsync always: quota and dispatch marks survive a
-//!   restart, as the README requires of production), RabbitMQ and PostgreSQL servers on free
-//!   ports (`tests/it/support/private.rs`); the machine's shared services are never touched;
+//!   restart, as docs/operations.md requires of production), RabbitMQ and PostgreSQL servers on
+//!   free ports (`tests/it/support/private.rs`); the machine's shared services are never touched;
 //! - starts two `sendquota worker` processes at their defaults (headline rule only);
 //! - publishes `--messages` requests (default 50,000) at `--rate` a second to recipients drawn
 //!   from `messages * 2 / 5` (about 2.5 each, in several zones, so both dispatches and denials

@@ -260,7 +260,7 @@ fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 
 /// A `Set-Cookie` value scoped to the console: HttpOnly (no script reads it), SameSite=Strict
 /// (no other site's page sends it), Path=/ui. Not `Secure`: the admin server speaks plain HTTP
-/// (see the README's console section for serving it behind TLS).
+/// (docs/operations.md, "Operator console", says how to serve it behind TLS).
 fn set_cookie(name: &str, value: &str, max_age: Option<Duration>) -> HeaderValue {
     let age = max_age.map_or(String::new(), |a| format!("; Max-Age={}", a.as_secs()));
     let text = format!("{name}={value}; HttpOnly; SameSite=Strict; Path=/ui{age}");

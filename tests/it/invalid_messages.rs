@@ -344,9 +344,9 @@ fn memory_kib(pid: u32, field: &str) -> u64 {
 
 /// Hostile bodies far over `max_body_bytes` (here waves of 16 bodies of 4 MiB, on a broker that
 /// accepts them) go to the invalid queue whole, and the worker's memory stays within the bound
-/// the README states: what the broker may hand it at once (the prefetch, at most the broker's
-/// `max_message_size` each), held at most about twice (lapin's receive buffer, and the frames
-/// of the invalid-queue publish). Once the waves are through, the worker holds about what it
+/// docs/operations.md states: what the broker may hand it at once (the prefetch, at most the
+/// broker's `max_message_size` each), held at most about twice (lapin's receive buffer, and the
+/// frames of the invalid-queue publish). Once the waves are through, the worker holds about what it
 /// held after the first: a leak would keep every wave's bodies resident.
 #[tokio::test]
 async fn oversized_bodies_go_to_the_invalid_queue_whole_within_bounded_memory() {

@@ -22,6 +22,7 @@ mod deny_cache;
 mod deploy_files;
 mod digests;
 mod dispatch_marks;
+mod docs_links;
 mod exact_ids;
 mod faults;
 mod headline_rule_zones;

@@ -13,7 +13,7 @@ use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
 use support::{local, request, TestEnv};
 
-/// The README's example: business hours in the recipient's zone.
+/// docs/rules.md's example: business hours in the recipient's zone.
 const BUSINESS_HOURS: &str = "[[rules]]\nname = \"business-hours\"\nkind = \"send_window\"\n\
     on_deny = \"delay\"\n\
     windows = { mon = [\"09:00-12:00\", \"13:00-17:30\"], tue = [\"09:00-17:30\"], \
