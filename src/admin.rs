@@ -6,7 +6,6 @@
 //! console (`/ui`, [`crate::console`]) is served beside them; it is not part of the JSON API
 //! and not in the document.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,20 +17,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
-use chrono_tz::Tz;
 use serde::Deserialize;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
-use crate::attributes::Attributes;
-use crate::clock::{in_range, parse_instant_or_age, Clock};
-use crate::config::AdminToken;
+use crate::console::{Console, ConsoleState};
 use crate::decision;
-use crate::denials::{DenialFilter, DenialStore};
-use crate::limiter::Limiter;
 use crate::message::SendRequest;
-use crate::outcome;
-use crate::reload::{ReloadError, Reloader, Source};
+use crate::reload::{ReloadError, Source};
+use crate::service::{
+    decision_instant, next_after, peek, reset_recipient, token_actor, DenialQuery, Ops, PeekQuery,
+};
 use crate::telemetry;
 
 /// Every route: method and path, as in `openapi.json`.
@@ -53,57 +48,21 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 /// How long readiness waits for each service.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Whether the worker's consumer is running, and whether the broker blocks its publishing
-/// connection; readiness reports both.
-#[derive(Debug, Default)]
-pub struct Health {
-    consuming: AtomicBool,
-    blocked: std::sync::Mutex<Option<String>>,
-}
-
-impl Health {
-    /// Records whether deliveries are being taken.
-    pub fn set_consuming(&self, on: bool) {
-        self.consuming.store(on, Ordering::SeqCst);
-    }
-
-    /// Whether deliveries are being taken.
-    pub fn consuming(&self) -> bool {
-        self.consuming.load(Ordering::SeqCst)
-    }
-
-    /// Records the broker's reason for blocking the publishing connection (`None`: not
-    /// blocked). No delivery is taken meanwhile.
-    pub fn set_blocked(&self, reason: Option<String>) {
-        *self.blocked.lock().unwrap_or_else(|p| p.into_inner()) = reason;
-    }
-
-    /// Why the broker blocks the publishing connection, if it does.
-    pub fn blocked(&self) -> Option<String> {
-        self.blocked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-/// What the handlers share.
+/// What the handlers share: the operator service, and the console served beside the API.
 #[derive(Clone)]
 pub struct AdminState {
-    /// The running rules (each request takes one snapshot) and their reloads.
-    pub reloader: Arc<Reloader>,
-    /// Quota state.
-    pub limiter: Limiter,
-    /// The denial history and audit.
-    pub denials: DenialStore,
-    /// The worker's clock.
-    pub clock: Arc<dyn Clock>,
-    /// The consumer's state.
-    pub health: Arc<Health>,
-    /// Accepted bearer tokens (and console logins).
-    pub tokens: Arc<Vec<AdminToken>>,
+    /// The operator actions' state.
+    pub ops: Ops,
     /// The console's sessions and broker access.
-    pub console: Arc<crate::console::Console>,
+    pub console: Arc<Console>,
+}
+
+impl std::ops::Deref for AdminState {
+    type Target = Ops;
+
+    fn deref(&self) -> &Ops {
+        &self.ops
+    }
 }
 
 /// Who made a `/v1` request (the token's name).
@@ -127,8 +86,11 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .merge(v1)
-        .merge(crate::console::routes(state.clone()))
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(crate::console::routes(ConsoleState {
+            ops: state.ops,
+            console: state.console,
+        }))
 }
 
 /// Serves the API on `listener` until `shutdown` completes. Each request knows its peer's
@@ -146,19 +108,6 @@ pub async fn serve(
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
-}
-
-/// The name of the token `presented` is, if it is one of `tokens`: the `/v1` bearer check and
-/// the console's login. Compared against every token in constant time, without stopping at a
-/// match, so the time taken says nothing about which token came close.
-pub fn token_actor(tokens: &[AdminToken], presented: &str) -> Option<String> {
-    let mut actor = None;
-    for t in tokens {
-        if bool::from(t.token.as_bytes().ct_eq(presented.as_bytes())) {
-            actor = Some(t.name.clone());
-        }
-    }
-    actor
 }
 
 async fn authenticate(
@@ -253,65 +202,6 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-/// Query of `GET /v1/denials`; the console's denial filters come to the same.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DenialQuery {
-    /// Only this recipient.
-    pub recipient: Option<String>,
-    /// Only this rule.
-    pub rule: Option<String>,
-    /// Only this channel.
-    pub channel: Option<String>,
-    /// Only this category.
-    pub category: Option<String>,
-    /// Denied at or after: RFC3339 or an age (`7d`).
-    pub since: Option<String>,
-    /// Denied before: RFC3339 or an age.
-    pub until: Option<String>,
-    /// Only shadow (true) or only real (false) rows.
-    pub shadow: Option<bool>,
-    /// Only unchecked dispatches (true) or only the other rows (false).
-    pub unchecked: Option<bool>,
-    /// Only replayed (true) or unreplayed (false) rows.
-    pub replayed: Option<bool>,
-    /// The previous page's last id.
-    pub after: Option<i64>,
-    /// Page size (default 100).
-    pub limit: Option<i64>,
-}
-
-impl DenialQuery {
-    /// The filter this query asks for, ages counted back from `now`; an error for people when
-    /// an instant or the limit is out of range.
-    pub fn filter(self, now: DateTime<Utc>) -> Result<DenialFilter, String> {
-        let instant = |s: Option<String>| s.map(|s| parse_instant_or_age(&s, now)).transpose();
-        let (since, until) = match (instant(self.since), instant(self.until)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return Err(e),
-        };
-        let limit = self.limit.unwrap_or(100);
-        if !(1..=crate::denials::MAX_LIMIT).contains(&limit) {
-            return Err(format!("limit must be 1 to {}", crate::denials::MAX_LIMIT));
-        }
-        Ok(DenialFilter {
-            recipient: self.recipient,
-            rule: self.rule,
-            channel: self.channel,
-            category: self.category,
-            since,
-            until,
-            shadow: self.shadow,
-            unchecked: self.unchecked,
-            replayed: self.replayed,
-            due_at: None,
-            live_at: None,
-            after: self.after,
-            limit,
-        })
-    }
-}
-
 async fn denials(
     State(state): State<AdminState>,
     query: Result<Query<DenialQuery>, axum::extract::rejection::QueryRejection>,
@@ -342,26 +232,6 @@ async fn denials(
             .into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    }
-}
-
-/// The cursor of the page after `rows` (a page of `limit` rows, newest first), if there may be
-/// one: keyset pagination goes on below the last id.
-pub fn next_after(rows: &[crate::denials::Denial], limit: i64) -> Option<i64> {
-    (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|d| d.id))
-        .flatten()
-}
-
-/// The instant a route decides at: `?at=` when it is in the supported range (400 otherwise),
-/// else the worker's clock.
-fn decision_instant(
-    at: Option<DateTime<Utc>>,
-    state: &AdminState,
-) -> Result<DateTime<Utc>, String> {
-    match at.map(in_range).transpose() {
-        Ok(at) => Ok(at.unwrap_or_else(|| state.clock.now())),
-        Err(e) => Err(format!("at: {e}")),
     }
 }
 
@@ -397,61 +267,6 @@ async fn check(
     }
 }
 
-/// Query of `GET /v1/recipients/{id}/quota`; the console's recipient page asks the same.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PeekQuery {
-    /// The recipient's zone, for rules counting in local time.
-    pub timezone: Option<String>,
-    /// A message's channel; any without it.
-    pub channel: Option<String>,
-    /// A message's category; any without it.
-    pub category: Option<String>,
-    /// The request's `attributes` as JSON text: rules counting per them are shown.
-    pub attributes: Option<String>,
-    /// Peek at this instant instead of now.
-    pub at: Option<DateTime<Utc>>,
-}
-
-/// Every recipient-scope rule's usage for `recipient` as `query` asks, at the instant it
-/// names or now: the quota peek of the API and the console. The error is the status and the
-/// message to answer with.
-pub async fn peek(
-    state: &AdminState,
-    recipient: &str,
-    query: PeekQuery,
-) -> Result<(DateTime<Utc>, Vec<outcome::Verdict>), (StatusCode, String)> {
-    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
-    let zone = match query.timezone.as_deref().map(str::parse::<Tz>).transpose() {
-        Ok(z) => z,
-        Err(_) => return Err(bad("unknown time zone".to_owned())),
-    };
-    let at = decision_instant(query.at, state).map_err(bad)?;
-    let attributes = match query
-        .attributes
-        .as_deref()
-        .map(Attributes::decode)
-        .transpose()
-    {
-        Ok(a) => a.unwrap_or_default(),
-        Err(e) => return Err(bad(e.to_string())),
-    };
-    let rules = state.reloader.rules().current();
-    let peeked = state.limiter.peek(
-        &rules.policy,
-        recipient,
-        zone,
-        query.channel.as_deref(),
-        query.category.as_deref(),
-        &attributes,
-        at,
-    );
-    match peeked.await {
-        Ok(verdicts) => Ok((at, verdicts)),
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
-    }
-}
-
 async fn peek_quota(
     State(state): State<AdminState>,
     Path(recipient): Path<String>,
@@ -468,70 +283,6 @@ async fn peek_quota(
         }
         Err((status, message)) => error(status, message),
     }
-}
-
-/// A quota reset that happened, as [`reset_recipient`] reports it.
-#[derive(Debug, Clone)]
-pub struct Reset {
-    /// The rules whose state for the recipient was removed.
-    pub rules: Vec<String>,
-    /// How many Redis keys existed.
-    pub keys_removed: i64,
-    /// When (the worker's clock).
-    pub reset_at: DateTime<Utc>,
-}
-
-/// Why a quota reset failed; each says what became of the quota.
-#[derive(Debug, thiserror::Error)]
-pub enum ResetError {
-    /// The audit row could not be written, so nothing was reset.
-    #[error("nothing was reset: the audit row could not be written: {0}")]
-    NotAudited(crate::denials::DenialError),
-    /// Redis failed the reset (the audit row says `failed`, or stays `pending`).
-    #[error("{0}")]
-    Redis(crate::limiter::LimiterError),
-    /// The quota was reset but its audit row could not be marked done.
-    #[error("the quota was reset, but its audit row {audit} stays pending: {error}")]
-    AuditPending {
-        /// The audit row's id.
-        audit: i64,
-        /// Why it could not be marked.
-        error: crate::denials::DenialError,
-    },
-}
-
-/// Resets `recipient` in every recipient-scope rule for `actor` (a token's name), audited in
-/// `quota_resets`: the row is written first (`pending`), so a reset that cannot be audited
-/// does not happen, then marked `done` or `failed`. The API's `DELETE` and the console's reset.
-pub async fn reset_recipient(
-    state: &AdminState,
-    actor: &str,
-    recipient: &str,
-) -> Result<Reset, ResetError> {
-    let running = state.reloader.rules().current();
-    let rules = Limiter::reset_rules(&running.policy);
-    let at = state.clock.now();
-    let audit = state
-        .denials
-        .begin_reset(recipient, actor, &rules, at)
-        .await
-        .map_err(ResetError::NotAudited)?;
-    let removed = match state.limiter.reset(&running.policy, recipient).await {
-        Ok(removed) => removed,
-        Err(e) => {
-            // Best effort: a row left pending says the same, that the outcome is unknown.
-            let _ = state.denials.finish_reset(audit, None).await;
-            return Err(ResetError::Redis(e));
-        }
-    };
-    if let Err(error) = state.denials.finish_reset(audit, Some(removed)).await {
-        return Err(ResetError::AuditPending { audit, error });
-    }
-    Ok(Reset {
-        rules,
-        keys_removed: removed,
-        reset_at: at,
-    })
 }
 
 async fn reset_quota(

@@ -14,7 +14,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::message::{self, InvalidMessage, NameFault, MAX_NAME_CHARS, NAME_GRAMMAR};
+use crate::names::{self, NameFault, MAX_NAME_CHARS, NAME_GRAMMAR};
 
 /// Most attributes one request may carry.
 pub const MAX_ATTRIBUTES: usize = 16;
@@ -39,13 +39,13 @@ pub enum AttributeError {
     #[error("has {0} entries, more than the limit of {MAX_ATTRIBUTES}")]
     TooMany(usize),
     /// One key appears twice (JSON parsers differ on which one wins, so none does); holds
-    /// the key as a reason repeats it ([`message::echo`]).
+    /// the key as a reason repeats it ([`names::echo`]).
     #[error("key {0} appears more than once")]
     Duplicate(String),
     /// A key is not a name of [`NAME_GRAMMAR`].
     #[error("key {key} {fault}: {NAME_GRAMMAR}")]
     KeyNotAName {
-        /// The key, as a reason repeats it ([`message::echo`]).
+        /// The key, as a reason repeats it ([`names::echo`]).
         key: String,
         /// What breaks the grammar.
         fault: NameFault,
@@ -53,7 +53,7 @@ pub enum AttributeError {
     /// A key is longer than [`MAX_KEY_CHARS`].
     #[error("key {key} is {len} characters, more than the limit of {MAX_KEY_CHARS}")]
     KeyTooLong {
-        /// The key, as a reason repeats it ([`message::echo`]).
+        /// The key, as a reason repeats it ([`names::echo`]).
         key: String,
         /// Its length in characters.
         len: usize,
@@ -61,7 +61,7 @@ pub enum AttributeError {
     /// A value breaks the limits of attribute values.
     #[error("value of key {key} {fault}")]
     Value {
-        /// The key whose value it is, as a reason repeats it ([`message::echo`]).
+        /// The key whose value it is, as a reason repeats it ([`names::echo`]).
         key: String,
         /// What is wrong with the value.
         fault: ValueFault,
@@ -79,7 +79,7 @@ pub enum ValueFault {
     TooLong(usize),
     /// Holds a control character.
     ControlCharacter,
-    /// Holds a format character or line separator ([`message::format_character`]).
+    /// Holds a format character or line separator ([`names::format_character`]).
     FormatCharacter(char),
 }
 
@@ -117,44 +117,15 @@ impl Attributes {
         Attributes::sorted(entries)
     }
 
-    /// Decodes a request's `attributes` (its JSON text) and checks every limit.
-    pub(crate) fn decode(json: &str) -> Result<Attributes, InvalidMessage> {
-        let refused = InvalidMessage::Attribute;
-        if !json.starts_with('{') {
-            return Err(refused(AttributeError::NotAnObject(message::json_type(
-                json,
-            ))));
-        }
-        let Entries(raw) = serde_json::from_str(json)
-            .map_err(|e| message::malformed(Some("attributes"), json.as_bytes(), &e))?;
-        if raw.len() > MAX_ATTRIBUTES {
-            return Err(refused(AttributeError::TooMany(raw.len())));
-        }
-        let mut entries = Vec::with_capacity(raw.len());
-        for (key, value) in raw {
-            check_key(&key).map_err(refused)?;
-            let text = value.get();
-            if !text.starts_with('"') {
-                return Err(refused(AttributeError::Value {
-                    key: message::echo(&key),
-                    fault: ValueFault::NotAString(message::json_type(text)),
-                }));
-            }
-            let value: String = serde_json::from_str(text)
-                .map_err(|e| message::malformed(Some("attributes"), text.as_bytes(), &e))?;
-            check_value(&key, &value).map_err(refused)?;
-            entries.push((key, value));
-        }
-        Attributes::sorted(entries).map_err(refused)
-    }
-
-    fn sorted(mut entries: Vec<(String, String)>) -> Result<Attributes, AttributeError> {
+    /// `entries` as attributes, sorted by key; refused when there are too many or a key
+    /// appears twice.
+    pub(crate) fn sorted(mut entries: Vec<(String, String)>) -> Result<Attributes, AttributeError> {
         if entries.len() > MAX_ATTRIBUTES {
             return Err(AttributeError::TooMany(entries.len()));
         }
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         if let Some(twice) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(AttributeError::Duplicate(message::echo(&twice[0].0)));
+            return Err(AttributeError::Duplicate(names::echo(&twice[0].0)));
         }
         Ok(Attributes(entries))
     }
@@ -182,23 +153,23 @@ impl Attributes {
 /// [`MAX_KEY_CHARS`] characters. Also what a rule's `per_attributes` entries must be, so that
 /// a rule cannot name a key no request can carry.
 pub fn check_key(key: &str) -> Result<(), AttributeError> {
-    if let Some(fault) = message::name_fault(key) {
+    if let Some(fault) = names::name_fault(key) {
         return Err(AttributeError::KeyNotAName {
-            key: message::echo(key),
+            key: names::echo(key),
             fault,
         });
     }
     let len = key.chars().count();
     if len > MAX_KEY_CHARS {
         return Err(AttributeError::KeyTooLong {
-            key: message::echo(key),
+            key: names::echo(key),
             len,
         });
     }
     Ok(())
 }
 
-fn check_value(key: &str, value: &str) -> Result<(), AttributeError> {
+pub(crate) fn check_value(key: &str, value: &str) -> Result<(), AttributeError> {
     let len = value.chars().count();
     let fault = if len == 0 {
         Some(ValueFault::Empty)
@@ -209,12 +180,12 @@ fn check_value(key: &str, value: &str) -> Result<(), AttributeError> {
     } else {
         value
             .chars()
-            .find(|&c| message::format_character(c))
+            .find(|&c| names::format_character(c))
             .map(ValueFault::FormatCharacter)
     };
     match fault {
         Some(fault) => Err(AttributeError::Value {
-            key: message::echo(key),
+            key: names::echo(key),
             fault,
         }),
         None => Ok(()),
@@ -229,7 +200,7 @@ impl Serialize for Attributes {
 }
 
 /// The entries of the object as written, duplicates kept (a map would keep one silently).
-struct Entries<'a>(Vec<(String, &'a RawValue)>);
+pub(crate) struct Entries<'a>(pub(crate) Vec<(String, &'a RawValue)>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Entries<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -258,7 +229,7 @@ mod tests {
 
     #[test]
     fn keys_are_sorted_and_found_and_order_does_not_matter() {
-        let a = Attributes::decode(r#"{"b":"2","a":"1"}"#).expect("valid");
+        let a = crate::message::decode_attributes(r#"{"b":"2","a":"1"}"#).expect("valid");
         let b = Attributes::from_pairs([("a", "1"), ("b", "2")]).expect("valid");
         assert_eq!(a, b);
         assert_eq!(a.get("a"), Some("1"));

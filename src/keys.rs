@@ -74,7 +74,7 @@ fn attribute_segment_into<'a>(
         if i > 0 {
             out.push(',');
         }
-        // A key is a name (message::NAME_GRAMMAR): plain already, encoding leaves it as it is.
+        // A key is a name (names::NAME_GRAMMAR): plain already, encoding leaves it as it is.
         encode_into(out, key);
         out.push('=');
         encode_into(out, value);

@@ -60,10 +60,12 @@ mod decision;
 mod dedup;
 mod denials;
 mod deny_cache;
+mod health;
 mod keys;
 mod kinds;
 mod limiter;
 mod message;
+mod names;
 mod outcome;
 mod policy;
 mod priority;
@@ -150,6 +152,10 @@ pub mod internals {
     /// The crate's `message` module.
     pub mod message {
         pub use crate::message::*;
+    }
+    /// The crate's `names` module.
+    pub mod names {
+        pub use crate::names::*;
     }
     /// The crate's `outcome` module.
     pub mod outcome {

@@ -12,7 +12,11 @@ use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::attributes::{AttributeError, Attributes};
+use crate::attributes::{self, AttributeError, Attributes};
+use crate::names::{
+    cut, describe, echo, format_character, json_type, name_fault, NameFault, MAX_NAME_CHARS,
+    NAME_GRAMMAR,
+};
 use crate::priority::Priority;
 
 /// Largest body the worker accepts by default; larger ones are invalid (a producer bug, or an
@@ -23,8 +27,6 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
 pub const MAX_ID_CHARS: usize = 128;
 /// Longest recipient id, in characters (e-mail addresses can reach 254).
 pub const MAX_RECIPIENT_CHARS: usize = 256;
-/// Longest channel or category name, in characters.
-pub const MAX_NAME_CHARS: usize = 64;
 /// Longest id and channel in bytes: the id travels as the AMQP `message_id` property and the
 /// channel as the dispatch routing key, both AMQP short strings of at most 255 bytes. A longer
 /// one passes the character limits (64 emoji are 256 bytes), would take quota, and then could
@@ -155,100 +157,6 @@ pub enum InvalidMessage {
         /// [`ExpiresAt::LEAP_SECOND`]).
         fault: &'static str,
     },
-}
-
-/// What a channel or category name is, as reasons and docs state it.
-pub const NAME_GRAMMAR: &str = "a name is one or more words of letters, digits, `_` and `-` \
-    joined by single dots, such as `sms` or `push.ios`";
-
-/// How a channel or category breaks [`NAME_GRAMMAR`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NameFault {
-    /// A character outside the words' alphabet (a space, a topic wildcard `*` or `#`, ...).
-    Character(char),
-    /// A leading, trailing or doubled dot.
-    EmptyWord,
-}
-
-impl fmt::Display for NameFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NameFault::Character(c) if c.is_ascii_graphic() => {
-                write!(f, "holds `{c}` (U+{:04X})", u32::from(*c))
-            }
-            NameFault::Character(c) => write!(f, "holds U+{:04X}", u32::from(*c)),
-            NameFault::EmptyWord => {
-                f.write_str("has an empty word (a leading, trailing or doubled dot)")
-            }
-        }
-    }
-}
-
-/// Why `name` is not a channel or category name ([`NAME_GRAMMAR`]), or `None` when it is one.
-/// The channel is the dispatch routing key, so a name never holds a topic wildcard (`*`, `#`)
-/// that would reach senders' bindings as a pattern, nor a space; the category follows the same
-/// grammar, since it appears in keys, metrics and tables beside the channel.
-pub fn name_fault(name: &str) -> Option<NameFault> {
-    if let Some(c) = name
-        .chars()
-        .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-    {
-        return Some(NameFault::Character(c));
-    }
-    name.split('.')
-        .any(str::is_empty)
-        .then_some(NameFault::EmptyWord)
-}
-
-/// Characters refused in ids, recipients, channels and categories beside control characters:
-/// every character of Unicode's general category Cf (format: invisible characters such as
-/// U+200B, and the bidirectional controls U+061C, U+200E, U+200F, U+202A..U+202E and
-/// U+2066..U+2069, which reorder the text around them), and the line and paragraph
-/// separators U+2028 and U+2029 (categories Zl, Zp), which break a line where they are shown.
-/// Cf as of Unicode 15.1; the standard library has no table of categories, and this one is
-/// short.
-const FORMAT_RANGES: [(u32, u32); 21] = [
-    (0x00AD, 0x00AD),
-    (0x0600, 0x0605),
-    (0x061C, 0x061C),
-    (0x06DD, 0x06DD),
-    (0x070F, 0x070F),
-    (0x0890, 0x0891),
-    (0x08E2, 0x08E2),
-    (0x180E, 0x180E),
-    (0x200B, 0x200F),
-    (0x2028, 0x202E),
-    (0x2060, 0x2064),
-    (0x2066, 0x206F),
-    (0xFEFF, 0xFEFF),
-    (0xFFF9, 0xFFFB),
-    (0x110BD, 0x110BD),
-    (0x110CD, 0x110CD),
-    (0x13430, 0x1343F),
-    (0x1BCA0, 0x1BCA3),
-    (0x1D173, 0x1D17A),
-    (0xE0001, 0xE0001),
-    (0xE0020, 0xE007F),
-];
-
-/// The ranges of code points refused as format characters or separators (see
-/// [`FORMAT_RANGES`]), inclusive: the schema producers validate against states them too.
-pub fn format_ranges() -> impl Iterator<Item = (u32, u32)> {
-    FORMAT_RANGES.into_iter()
-}
-
-/// Whether `c` is refused as a format character or separator (see [`FORMAT_RANGES`]).
-pub fn format_character(c: char) -> bool {
-    let c = u32::from(c);
-    c >= 0xAD && FORMAT_RANGES.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
-}
-
-fn describe(c: char) -> &'static str {
-    if matches!(c, '\u{2028}' | '\u{2029}') {
-        "a line or paragraph separator"
-    } else {
-        "an invisible formatting or bidirectional control character (Unicode category Cf)"
-    }
 }
 
 /// A validated request to send one message to one recipient.
@@ -465,7 +373,7 @@ impl SendRequest {
             }
         }
         let attributes = match wire.attributes {
-            Some(raw) => Attributes::decode(raw.get())?,
+            Some(raw) => decode_attributes(raw.get())?,
             None => Attributes::default(),
         };
         let expires_at = match text("expires_at", wire.expires_at)? {
@@ -634,18 +542,6 @@ fn text(field: &'static str, raw: Option<&RawValue>) -> Result<Option<String>, I
         .map_err(|e| malformed(Some(field), json.as_bytes(), &e))
 }
 
-/// The JSON type of a value's text (known to be JSON), for reasons.
-pub(crate) fn json_type(json: &str) -> &'static str {
-    match json.as_bytes().first() {
-        Some(b'"') => "a string",
-        Some(b'{') => "an object",
-        Some(b'[') => "an array",
-        Some(b't' | b'f') => "a boolean",
-        Some(b'n') => "null",
-        _ => "a number",
-    }
-}
-
 /// A channel or category: `value` when it is a name of [`NAME_GRAMMAR`].
 fn name(field: &'static str, value: String) -> Result<String, InvalidMessage> {
     match name_fault(&value) {
@@ -665,18 +561,6 @@ fn short_string(field: &'static str, value: String) -> Result<String, InvalidMes
     Ok(value)
 }
 
-/// Longest piece of a producer's value a reason repeats.
-const ECHO_CHARS: usize = 40;
-
-/// A producer's string as every reason repeats it, the one rule for all fields: cut after
-/// [`ECHO_CHARS`] characters (`...` marks the cut), then quoted and escaped once as Rust
-/// writes a string literal (`"`, `\`, control, format and other invisible characters as
-/// escapes). One line, and the same text for the same value whichever field it came in; a
-/// reason's own text never escapes it again.
-pub(crate) fn echo(text: &str) -> String {
-    format!("{:?}", cut(text))
-}
-
 /// A JSON value where a number was due, as a reason repeats it: a number as written (its
 /// characters need no escape; cut as [`echo`] cuts), a string as [`echo`] repeats its text,
 /// anything else by its type.
@@ -690,14 +574,35 @@ fn echo_json(json: &str) -> String {
     }
 }
 
-/// `text` cut after [`ECHO_CHARS`] characters, `...` when cut: a number as a reason repeats
-/// it (its characters need no escape), or a string before [`echo`] quotes it.
-fn cut(text: &str) -> String {
-    let mut out: String = text.chars().take(ECHO_CHARS).collect();
-    if text.chars().nth(ECHO_CHARS).is_some() {
-        out.push_str("...");
+/// Decodes a request's `attributes` (its JSON text) and checks every limit.
+pub(crate) fn decode_attributes(json: &str) -> Result<Attributes, InvalidMessage> {
+    let refused = InvalidMessage::Attribute;
+    if !json.starts_with('{') {
+        return Err(refused(attributes::AttributeError::NotAnObject(json_type(
+            json,
+        ))));
     }
-    out
+    let attributes::Entries(raw) = serde_json::from_str(json)
+        .map_err(|e| malformed(Some("attributes"), json.as_bytes(), &e))?;
+    if raw.len() > attributes::MAX_ATTRIBUTES {
+        return Err(refused(attributes::AttributeError::TooMany(raw.len())));
+    }
+    let mut entries = Vec::with_capacity(raw.len());
+    for (key, value) in raw {
+        attributes::check_key(&key).map_err(refused)?;
+        let text = value.get();
+        if !text.starts_with('"') {
+            return Err(refused(attributes::AttributeError::Value {
+                key: echo(&key),
+                fault: attributes::ValueFault::NotAString(json_type(text)),
+            }));
+        }
+        let value: String = serde_json::from_str(text)
+            .map_err(|e| malformed(Some("attributes"), text.as_bytes(), &e))?;
+        attributes::check_value(&key, &value).map_err(refused)?;
+        entries.push((key, value));
+    }
+    Attributes::sorted(entries).map_err(refused)
 }
 
 /// The reason for a body (or a field's `json`) serde_json refused. Its messages are kept where

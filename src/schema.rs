@@ -11,9 +11,9 @@ use serde_json::{json, Map, Value};
 
 use crate::attributes::{MAX_ATTRIBUTES, MAX_KEY_CHARS, MAX_VALUE_CHARS};
 use crate::message::{
-    format_ranges, MAX_AMQP_SHORT_BYTES, MAX_COST, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PAYLOAD_DEPTH,
-    MAX_RECIPIENT_CHARS, NAME_GRAMMAR,
+    MAX_AMQP_SHORT_BYTES, MAX_COST, MAX_ID_CHARS, MAX_PAYLOAD_DEPTH, MAX_RECIPIENT_CHARS,
 };
+use crate::names::{format_ranges, MAX_NAME_CHARS, NAME_GRAMMAR};
 use crate::priority::Priority;
 
 /// The schema's `$id`: a name, not an address (the contract is documented in docs/producers.md),

@@ -15,7 +15,7 @@ use crate::act::digest::Flusher;
 use crate::act::held::Held;
 use crate::act::pipeline::Pipeline;
 use crate::act::steps::Steps;
-use crate::admin::{self, AdminState, Health};
+use crate::admin::{self, AdminState};
 use crate::broker::Names;
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -24,9 +24,11 @@ use crate::dedup::DispatchMarks;
 use crate::denials::{DenialError, DenialStore, DenialWriter};
 use crate::deny_cache::{self, DenyCache};
 use crate::failpoint::Failpoint;
+use crate::health::Health;
 use crate::limiter::Limiter;
 use crate::reload::{self, LiveRules, Reloader, Rules};
 use crate::rollup::{DecisionCounts, RollupWriter};
+use crate::service::Ops;
 use crate::store::RedisConn;
 use crate::traces::Traces;
 use crate::{telemetry, worker};
@@ -108,12 +110,14 @@ pub async fn run(
     let (redis_for_skew, clock_for_skew) = (redis.clone(), clock.clone());
     if !settings.admin.listen.is_empty() {
         let state = AdminState {
-            reloader,
-            limiter: limiter.clone(),
-            denials: denials.clone(),
-            clock: clock.clone(),
-            health: health.clone(),
-            tokens: Arc::new(settings.admin.tokens.clone()),
+            ops: Ops {
+                reloader,
+                limiter: limiter.clone(),
+                denials: denials.clone(),
+                clock: clock.clone(),
+                health: health.clone(),
+                tokens: Arc::new(settings.admin.tokens.clone()),
+            },
             console: Arc::new(Console::new(
                 settings.amqp.clone(),
                 Names::new(&settings.namespace),

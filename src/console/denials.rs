@@ -10,9 +10,10 @@ use chrono::Utc;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+use super::ConsoleState;
 use super::{local, render, utc, ConsoleError, Layout, Params, Session};
-use crate::admin::{AdminState, DenialQuery};
 use crate::denials::Denial;
+use crate::service::DenialQuery;
 
 /// The page size when the form asks for none: a screenful, and quick to render.
 const PAGE: i64 = 50;
@@ -217,7 +218,7 @@ struct List {
 
 /// `GET /ui/denials`.
 pub async fn list(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
     Params(filters): Params<Filters>,
 ) -> Response {
@@ -234,7 +235,7 @@ pub async fn list(
     };
     let running = state.reloader.rules().current();
     let default_zone = running.policy.default_zone;
-    let next = crate::admin::next_after(&rows, filter.limit).map(|a| filters.with_after(Some(a)));
+    let next = crate::service::next_after(&rows, filter.limit).map(|a| filters.with_after(Some(a)));
     let first = filter.after.map(|_| filters.with_after(None));
     render(&List {
         layout: Layout::new(&session, "Denials", "denials"),
@@ -268,7 +269,7 @@ struct One {
 
 /// `GET /ui/denials/{id}`.
 pub async fn one(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
     Path(id): Path<String>,
 ) -> Response {

@@ -21,6 +21,8 @@ mod recipient;
 mod rules;
 mod session;
 
+use std::sync::Arc;
+
 use askama::Template;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -31,9 +33,9 @@ use axum::Router;
 use chrono::{DateTime, SecondsFormat, Utc};
 use chrono_tz::Tz;
 
-use crate::admin::AdminState;
 use crate::broker::Names;
 use crate::config::AmqpSettings;
+use crate::service::Ops;
 
 pub use session::{LoginThrottle, Session, Sessions, MAX_LOGIN_DELAY, SESSION_TTL};
 
@@ -197,8 +199,26 @@ fn local(t: DateTime<Utc>, zone: Tz) -> String {
         .to_string()
 }
 
-/// The console's routes under `/ui`, on the admin API's state.
-pub fn routes(state: AdminState) -> Router<AdminState> {
+/// What the console's handlers share: the operator service beneath it, and its sessions and
+/// broker access. Derefs to the service, as the admin API's state does.
+#[derive(Clone)]
+pub struct ConsoleState {
+    /// The operator actions' state.
+    pub ops: Ops,
+    /// The console's sessions and broker access.
+    pub console: Arc<Console>,
+}
+
+impl std::ops::Deref for ConsoleState {
+    type Target = Ops;
+
+    fn deref(&self) -> &Ops {
+        &self.ops
+    }
+}
+
+/// The console's routes under `/ui`, on their own state (served beside the admin API).
+pub fn routes(state: ConsoleState) -> Router {
     let pages = Router::new()
         .route("/ui", get(overview::page))
         .route("/ui/denials", get(denials::list))
@@ -215,12 +235,16 @@ pub fn routes(state: AdminState) -> Router<AdminState> {
         )
         .route("/ui/rules", get(rules::page))
         .route("/ui/logout", post(session::logout))
-        .route_layer(middleware::from_fn_with_state(state, session::require));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            session::require,
+        ));
     Router::new()
         .route("/ui/login", get(session::login_form).post(session::login))
         .route("/ui/static/{file}", get(assets::serve))
         .merge(pages)
         .layer(middleware::from_fn(secure_headers))
+        .with_state(state)
 }
 
 /// Adds the console's security headers to every response of it.

@@ -10,8 +10,8 @@ use axum::Extension;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde::Serialize;
 
+use super::ConsoleState;
 use super::{render, ConsoleError, Layout, Session};
-use crate::admin::AdminState;
 use crate::rollup::{self, HourCount, Hourly};
 
 /// How far back the charts go.
@@ -104,7 +104,7 @@ struct Overview {
 
 /// `GET /ui`.
 pub async fn page(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
 ) -> Response {
     let now = state.clock.now();

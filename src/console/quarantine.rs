@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Form};
 use serde::Deserialize;
 
+use super::ConsoleState;
 use super::{render, ConsoleError, Layout, Params, Session, BROKER_ROLE};
-use crate::admin::AdminState;
 use crate::quarantine::{self, Quarantined, Which};
 
 /// Messages listed: the page shows the oldest; a queue holding more says so.
@@ -29,7 +29,7 @@ struct Page {
 
 /// `GET /ui/quarantine`.
 pub async fn page(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
 ) -> Response {
     let console = &state.console;
@@ -114,7 +114,7 @@ struct Done {
 
 /// `POST /ui/quarantine/replay`: publishes the message(s) back to the requests exchange.
 pub async fn replay(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
     Form(form): Form<ReplayForm>,
 ) -> Response {

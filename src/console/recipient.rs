@@ -1,6 +1,6 @@
 //! One recipient: every recipient-scope rule's usage now (the API's quota peek), recent
 //! denials, and a quota reset after a confirmation step, audited as the API's `DELETE` is
-//! (the same code: [`crate::admin::reset_recipient`]).
+//! (the same code: [`crate::service::reset_recipient`]).
 
 use askama::Template;
 use axum::extract::State;
@@ -10,10 +10,11 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 
 use super::denials::Row;
+use super::ConsoleState;
 use super::{local, render, utc, ConsoleError, Layout, Params, Session};
-use crate::admin::{AdminState, PeekQuery};
 use crate::denials::DenialFilter;
 use crate::limiter::Limiter;
+use crate::service::PeekQuery;
 
 /// Recent denials shown: enough to see a pattern; the denials page has the rest.
 const RECENT: i64 = 20;
@@ -55,7 +56,7 @@ struct Page {
 
 /// `GET /ui/recipient?id=&timezone=`.
 pub async fn page(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
     Params(which): Params<Which>,
 ) -> Response {
@@ -95,7 +96,7 @@ pub async fn page(
         ..DenialFilter::default()
     };
     let (peeked, recent) = tokio::join!(
-        crate::admin::peek(&state, &id, peek),
+        crate::service::peek(&state, &id, peek),
         state.denials.list(&filter)
     );
     let (at, verdicts) = match peeked {
@@ -142,7 +143,7 @@ struct Confirm {
 
 /// `GET /ui/recipient/reset?id=`: what a reset would clear, and the button that does it.
 pub async fn confirm_reset(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
     Params(which): Params<Which>,
 ) -> Response {
@@ -180,7 +181,7 @@ struct Done {
 
 /// `POST /ui/recipient/reset`: resets the quota, audited under the session's token name.
 pub async fn reset(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
     Form(form): Form<ResetForm>,
 ) -> Response {
@@ -191,7 +192,7 @@ pub async fn reset(
     if id.is_empty() {
         return ConsoleError::Input("which recipient?".to_owned()).into_response();
     }
-    match crate::admin::reset_recipient(&state, &session.actor, id).await {
+    match crate::service::reset_recipient(&state, &session.actor, id).await {
         Ok(reset) => render(&Done {
             layout: Layout::new(&session, "Quota reset", "recipient"),
             id: id.to_owned(),

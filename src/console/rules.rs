@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use chrono::TimeDelta;
 
+use super::ConsoleState;
 use super::{render, ConsoleError, Layout, Session};
-use crate::admin::AdminState;
 use crate::outcome::OutcomeName;
 
 /// The rule's own verdicts, the table's first columns: of the decisions that checked it, how
@@ -53,7 +53,7 @@ struct Page {
 
 /// `GET /ui/rules`.
 pub async fn page(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
 ) -> Response {
     let since = state.clock.now() - TimeDelta::days(7);

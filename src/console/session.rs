@@ -27,8 +27,8 @@ use axum::{Extension, Form};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
+use super::ConsoleState;
 use super::{render, ConsoleError};
-use crate::admin::AdminState;
 
 /// How long a session lasts after login: a working day, so a console left open overnight
 /// asks for the token again.
@@ -313,7 +313,7 @@ pub struct LoginForm {
 /// The token is taken exactly as typed, as the API takes a bearer token: spaces around it make
 /// another token. Each attempt first waits what its address owes ([`LoginThrottle`]).
 pub async fn login(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
@@ -342,7 +342,7 @@ pub async fn login(
             return response;
         }
     }
-    let Some(actor) = crate::admin::token_actor(&state.tokens, &form.token) else {
+    let Some(actor) = crate::service::token_actor(&state.tokens, &form.token) else {
         return login_page(
             StatusCode::UNAUTHORIZED,
             Some(
@@ -375,7 +375,7 @@ pub struct CsrfForm {
 
 /// `POST /ui/logout`: the session ends and its cookie is cleared.
 pub async fn logout(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     Extension(session): Extension<Session>,
     headers: HeaderMap,
     Form(form): Form<CsrfForm>,
@@ -397,7 +397,7 @@ pub async fn logout(
 /// Lets a request through only with a live session, which the handlers then find as an
 /// extension: a page asks for the login form instead, a state change is refused.
 pub async fn require(
-    State(state): State<AdminState>,
+    State(state): State<ConsoleState>,
     mut request: Request,
     next: Next,
 ) -> Response {

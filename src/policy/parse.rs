@@ -9,7 +9,8 @@ use serde::Deserialize;
 use super::{Match, OnDeny, OnUnavailable, Policy, Rule, Scope};
 use crate::attributes::MAX_ATTRIBUTES;
 use crate::kinds::Kind;
-use crate::message::{name_fault, one_line, MAX_NAME_CHARS, NAME_GRAMMAR};
+use crate::message::one_line;
+use crate::names::{name_fault, MAX_NAME_CHARS, NAME_GRAMMAR};
 use crate::priority::{Priority, PriorityRules, Reserve};
 
 /// Longest rule name; names are part of Redis keys and denial rows.

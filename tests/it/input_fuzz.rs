@@ -20,9 +20,10 @@ use sendquota::config::{ConfigError, Settings};
 use sendquota::internals::keys::{encode, rule_key, scope_tag};
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::{
-    format_character, name_fault, InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES,
-    MAX_COST, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RECIPIENT_CHARS,
+    InvalidMessage, Payload, SendRequest, DEFAULT_MAX_BODY_BYTES, MAX_COST, MAX_ID_CHARS,
+    MAX_RECIPIENT_CHARS,
 };
+use sendquota::internals::names::{format_character, name_fault, MAX_NAME_CHARS};
 use sendquota::internals::policy::{Policy, ScopeValue};
 use serde_json::Value;
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
-use sendquota::internals::message::NAME_GRAMMAR;
+use sendquota::internals::names::NAME_GRAMMAR;
 use serde_json::json;
 use support::{local, request, TestEnv};
 

@@ -443,6 +443,7 @@ async fn a_reload_that_changes_a_rate_or_a_sub_window_carries_each_rules_level_o
     // A state kept in the other storage is read (it was an error: WRONGTYPE).
     assert_eq!(sent_of(&env, "storage", 10..20).await, 2, "storage");
     drop(worker);
+}
 
 /// A reload's caller learns what is wrong with the file, not where the worker keeps it: a
 /// file that does not parse, or cannot be read, is refused (400) with an error that names
