@@ -7,6 +7,10 @@
 //! [`RedisSettings::tls`]. Scripts are always called by EVALSHA that loads the script and repeats
 //! the call on NOSCRIPT (see `limiter::script::call`), so a Redis restart or failover that forgets
 //! scripts costs one reload.
+//!
+//! No call waits longer than the response timeout (`response_timeout_ms`), reconnecting
+//! included: a message that fails open (`on_unavailable = "allow"`) goes out that soon, and the
+//! messages to its recipient queued behind it each as soon. See [`SingleServer`] for how.
 
 use std::time::Duration;
 
@@ -14,17 +18,13 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError,
-    RedisFuture, RedisResult, Value,
+    Client, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult,
+    Value,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::RedisSettings;
 use crate::tls::TlsFiles;
-
-/// Longest wait between two reconnection attempts of a single-server connection: a restarted
-/// Redis is found again within this.
-const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
 
 /// Longest a start-up failure's diagnosis may take (a plaintext `PING` to the server that did
 /// not complete a TLS handshake): the local network answers in far less.
@@ -147,9 +147,75 @@ fn supported(version: &str) -> Result<(), VersionError> {
 #[derive(Clone)]
 pub enum RedisConn {
     /// A single server, reconnecting by itself.
-    Single(ConnectionManager),
-    /// A Redis Cluster; keys of one scope share a hash tag and so a slot.
+    Single(SingleServer),
+    /// A Redis Cluster; keys of one scope share a hash tag and so a slot. Its calls are
+    /// bounded as a whole (retries, redirections and reconnects included) by the response
+    /// timeout, redis-rs's `overall_response_timeout`.
     Cluster(ClusterConnection),
+}
+
+/// A single server's connection: redis-rs's `ConnectionManager`, reconnecting with one connect
+/// attempt at a time, and every call bounded by the response timeout.
+///
+/// The manager makes every call await its current connection future, and after a lost link
+/// that future is the reconnect itself: with retries it was the whole backoff chain (about
+/// 6.6 s against a stopped server, whatever the response timeout), which each call waited out,
+/// and each failed chain started the next for the next call. With one attempt per reconnect a
+/// call waits at most for the attempt under way, and redis-rs starts the next attempt beside
+/// the calls, when one fails. A call that meets the refusal of an earlier attempt is made once
+/// more, on the attempt it just started: a refused connect sent nothing, and so the first call
+/// after Redis is back is answered instead of failing on an old refusal.
+#[derive(Clone)]
+pub struct SingleServer {
+    manager: ConnectionManager,
+    /// The response timeout: the longest any call waits, reconnecting included.
+    timeout: Duration,
+}
+
+/// `call`, cut off once `limit` has passed with the error redis-rs's own timeouts give (a
+/// timed-out I/O error), which callers take for an unavailable Redis.
+fn within<'a, T: Send + 'a>(
+    limit: Duration,
+    call: impl std::future::Future<Output = RedisResult<T>> + Send + 'a,
+) -> RedisFuture<'a, T> {
+    Box::pin(async move {
+        tokio::time::timeout(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()))
+    })
+}
+
+impl ConnectionLike for SingleServer {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let manager = &mut self.manager;
+        within(self.timeout, async move {
+            match manager.send_packed_command(cmd).await {
+                Err(e) if e.is_connection_refusal() => manager.send_packed_command(cmd).await,
+                reply => reply,
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let manager = &mut self.manager;
+        within(self.timeout, async move {
+            match manager.send_packed_commands(pipeline, offset, count).await {
+                Err(e) if e.is_connection_refusal() => {
+                    manager.send_packed_commands(pipeline, offset, count).await
+                }
+                reply => reply,
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.manager.get_db()
+    }
 }
 
 impl RedisConn {
@@ -175,24 +241,16 @@ impl RedisConn {
 
     async fn connect_single(settings: &RedisSettings, timeout: Duration) -> RedisResult<RedisConn> {
         let client = client(&settings.url, &settings.tls)?;
-        // The manager retries a failed connect six times with backoff, each attempt up to the
-        // timeout (41 s against a server that never answers a TLS handshake): one attempt of
-        // its own first says at once whether the server can be used at all.
-        let once = AsyncConnectionConfig::new()
+        // No retries: a call would wait for them (see `SingleServer`), and the first connect
+        // is one attempt, whose failure is reported at once.
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout));
-        drop(
-            client
-                .get_multiplexed_async_connection_with_config(&once)
-                .await?,
-        );
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_max_delay(RECONNECT_MAX_DELAY);
-        Ok(RedisConn::Single(
-            ConnectionManager::new_with_config(client, config).await?,
-        ))
+        Ok(RedisConn::Single(SingleServer {
+            manager: ConnectionManager::new_with_config(client, config).await?,
+            timeout,
+        }))
     }
 
     async fn connect_cluster(
@@ -202,6 +260,7 @@ impl RedisConn {
         let mut builder = ClusterClient::builder(settings.cluster_urls.iter().map(String::as_str))
             .connection_timeout(timeout)
             .response_timeout(timeout)
+            .overall_response_timeout(Some(timeout))
             .retries(3);
         // The configuration refuses seeds that mix TLS and plaintext.
         if settings

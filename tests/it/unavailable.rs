@@ -3,7 +3,9 @@
 //! once as a row marked unchecked and counted; with `wait` (the default), alone or beside an
 //! `allow` rule, it is kept until Redis is back and then decided as always. A message Redis
 //! refused before going away, or whose unchecked publish failed, is never recorded as
-//! dispatched unchecked: it is decided in Redis once it is back.
+//! dispatched unchecked: it is decided in Redis once it is back. While Redis is away no call
+//! waits longer than the response timeout, on one server and on a cluster, and a Redis that
+//! is back is used by the next call.
 
 use crate::support;
 
@@ -11,11 +13,13 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
+use sendquota::config::RedisSettings;
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::denials::{DenialFilter, DenialStore};
+use sendquota::internals::store::RedisConn;
 use sendquota::internals::telemetry;
 use support::http::{http, wait_until_ready};
-use support::private::{free_port, PrivateRedis};
+use support::private::{free_port, PrivateRedis, PrivateRedisCluster};
 use support::{local, request, TestEnv, OUTCOME_TIMEOUT};
 
 /// The channel of every message here, named by the rules so the outcome counter has a series
@@ -326,4 +330,208 @@ async fn an_unchecked_dispatch_that_is_not_published_leaves_no_row_in_the_denial
         .expect("replayable denials");
     assert_eq!(replayable.len(), 1);
     assert!(env.take_dispatched().await.is_empty());
+}
+
+/// The channel of the burst that fails open.
+const BURST_CHANNEL: &str = "fail-open-burst";
+
+/// A response timeout short enough that a call waiting for anything else shows: redis-rs's
+/// reconnect chain took about 6.6 s against a stopped server.
+const SHORT_TIMEOUT_MS: u64 = 1_000;
+
+/// What a call may take beyond the response timeout: scheduling, not waiting for Redis.
+const TIMER_SLACK: Duration = Duration::from_millis(250);
+
+/// `GET key` on `conn`, and how long it took.
+async fn timed_get(conn: &RedisConn, key: &str) -> (redis::RedisResult<Option<String>>, Duration) {
+    let started = Instant::now();
+    let reply = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn.clone())
+        .await;
+    (reply, started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_fails_within_the_response_timeout_while_redis_is_away_and_the_next_call_once_it_is_back_is_answered(
+) {
+    let redis = tokio::task::spawn_blocking(PrivateRedis::start)
+        .await
+        .expect("private redis");
+    let timeout = Duration::from_millis(SHORT_TIMEOUT_MS);
+    let settings = RedisSettings {
+        url: redis.url(),
+        response_timeout_ms: SHORT_TIMEOUT_MS,
+        ..RedisSettings::default()
+    };
+    let conn = RedisConn::connect(&settings).await.expect("connect");
+    let (reply, _) = timed_get(&conn, "probe").await;
+    assert_eq!(reply.expect("redis is up"), None);
+
+    tokio::task::block_in_place(|| redis.stop());
+    let mut took = Vec::new();
+    for _ in 0..5 {
+        let (reply, elapsed) = timed_get(&conn, "probe").await;
+        let e = reply.expect_err("redis is away");
+        assert!(e.is_io_error(), "an unavailable redis: {e}");
+        took.push(elapsed);
+    }
+    eprintln!("calls while redis is away took {took:?}");
+    assert!(
+        took.iter().all(|t| *t <= timeout + TIMER_SLACK),
+        "each call within the response timeout ({timeout:?}): {took:?}"
+    );
+
+    tokio::task::block_in_place(|| redis.start_again());
+    let (reply, elapsed) = timed_get(&conn, "probe").await;
+    eprintln!("the first call once redis is back: {reply:?} after {elapsed:?}");
+    assert_eq!(
+        reply.expect("the first call once redis is back is answered"),
+        None
+    );
+    assert!(elapsed <= timeout, "answered after {elapsed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_call_to_a_stopped_master_fails_within_the_response_timeout_while_the_others_answer(
+) {
+    let cluster = tokio::task::spawn_blocking(PrivateRedisCluster::start)
+        .await
+        .expect("private redis cluster");
+    let timeout = Duration::from_millis(SHORT_TIMEOUT_MS);
+    let settings = RedisSettings {
+        cluster_urls: cluster.urls(),
+        response_timeout_ms: SHORT_TIMEOUT_MS,
+        ..RedisSettings::default()
+    };
+    let conn = RedisConn::connect(&settings).await.expect("connect");
+    // Two keys on different masters.
+    let away = "{probe-0}";
+    let live = (1..)
+        .map(|i| format!("{{probe-{i}}}"))
+        .find(|k| cluster.owner(k).port != cluster.owner(away).port)
+        .expect("a key on another master");
+    for key in [away, live.as_str()] {
+        let (reply, _) = timed_get(&conn, key).await;
+        assert_eq!(reply.expect("the cluster is up"), None);
+    }
+
+    let stopped = cluster.owner(away);
+    tokio::task::block_in_place(|| stopped.stop());
+    let mut took = Vec::new();
+    for _ in 0..5 {
+        let (reply, elapsed) = timed_get(&conn, away).await;
+        let e = reply.expect_err("the key's master is away");
+        assert!(e.is_io_error(), "an unavailable redis: {e}");
+        took.push(elapsed);
+        let (reply, elapsed) = timed_get(&conn, &live).await;
+        assert_eq!(reply.expect("the other masters answer"), None);
+        assert!(
+            elapsed <= timeout,
+            "a live master answered after {elapsed:?}"
+        );
+    }
+    eprintln!("calls to the stopped master took {took:?}");
+    assert!(
+        took.iter().all(|t| *t <= timeout + TIMER_SLACK),
+        "each call within the response timeout ({timeout:?}): {took:?}"
+    );
+
+    tokio::task::block_in_place(|| {
+        stopped.start_again();
+        cluster.wait_ok();
+    });
+    let back = Instant::now();
+    let answered = loop {
+        if let (Ok(reply), _) = timed_get(&conn, away).await {
+            eprintln!("the master back answered after {:?}", back.elapsed());
+            break reply;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(2),
+            "the master back is used again within 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(answered, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_allow_a_burst_to_one_recipient_goes_out_unchecked_within_the_response_timeout_a_message(
+) {
+    // A channel of its own, so the unchecked count of the test above is its own too.
+    let policy = ALLOW.replace(CHANNEL, BURST_CHANNEL);
+    let message = |id: &str, recipient: &str| {
+        let mut m = message(id, recipient);
+        m["channel"] = BURST_CHANNEL.into();
+        m
+    };
+    let (mut env, redis, _port) = worker_on_private_redis(&policy).await;
+    assert_eq!(
+        env.settings.redis.response_timeout_ms,
+        RedisSettings::default().response_timeout_ms,
+        "the default response timeout"
+    );
+    let timeout = Duration::from_millis(env.settings.redis.response_timeout_ms);
+    let mut seen = HashMap::new();
+    env.publish(&message("before", "bob")).await;
+    assert!(env.outcome("before", &mut seen).await, "decided in Redis");
+
+    tokio::task::block_in_place(|| redis.stop());
+    let stopped = Instant::now();
+    let ids = ["burst-0", "burst-1", "burst-2", "burst-3"];
+    for id in ids {
+        env.publish(&message(id, "bob")).await;
+    }
+    // When each went out, after Redis stopped.
+    let mut out: Vec<(String, Duration)> = Vec::new();
+    let deadline = stopped + timeout * ids.len() as u32 + Duration::from_secs(2);
+    while out.len() < ids.len() && Instant::now() < deadline {
+        for id in env.take_dispatched().await {
+            out.push((id, stopped.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("the burst went out at {out:?} after Redis stopped");
+    let mut sent: Vec<&str> = out.iter().map(|(id, _)| id.as_str()).collect();
+    sent.sort_unstable();
+    assert_eq!(
+        sent,
+        ids,
+        "the burst went out within {:?}: {out:?}",
+        deadline - stopped
+    );
+    let mut previous = Duration::ZERO;
+    for (id, at) in &out {
+        assert!(
+            *at - previous <= timeout,
+            "{id} went out {:?} after the message before it, beyond the response timeout \
+             ({timeout:?}): {out:?}",
+            *at - previous
+        );
+        previous = *at;
+    }
+
+    // Back: Bob's day is full ("before"), so a message decided in Redis is denied, and one
+    // still failing open would go out.
+    tokio::task::block_in_place(|| redis.start_again());
+    let back = Instant::now();
+    env.publish(&message("after", "bob")).await;
+    assert!(
+        !env.outcome("after", &mut seen).await,
+        "decided in Redis again: bob's day is full"
+    );
+    eprintln!("decided in Redis {:?} after it was back", back.elapsed());
+    assert!(
+        back.elapsed() < Duration::from_secs(2),
+        "decided {:?} after Redis was back",
+        back.elapsed()
+    );
+    let rows = env.denials().await;
+    let after = rows.last().expect("the denial of after");
+    assert_eq!(
+        (after.message_id.as_str(), after.unchecked),
+        ("after", false)
+    );
+    env.stop_worker().await;
 }

@@ -60,13 +60,20 @@ fn chown(dir: &PathBuf, user: &str) {
 pub struct PrivateRedis {
     pub port: u16,
     dir: PathBuf,
+    /// Arguments besides the usual ones (a cluster node's), kept for a restart.
+    extra: Vec<String>,
 }
 
 impl PrivateRedis {
     pub fn start() -> PrivateRedis {
+        PrivateRedis::start_with(Vec::new())
+    }
+
+    fn start_with(extra: Vec<String>) -> PrivateRedis {
         let redis = PrivateRedis {
             port: free_port(),
             dir: scratch("sqredis"),
+            extra,
         };
         redis.launch();
         redis
@@ -87,7 +94,8 @@ impl PrivateRedis {
                 .args(["--daemonize", "yes", "--dir"])
                 .arg(&self.dir)
                 .arg("--logfile")
-                .arg(self.dir.join("redis.log")),
+                .arg(self.dir.join("redis.log"))
+                .args(&self.extra),
             "redis-server",
         );
         wait_for_port(self.port, Duration::from_secs(10), "redis-server");
@@ -127,6 +135,108 @@ impl Drop for PrivateRedis {
             .args(["-p", &self.port.to_string(), "shutdown", "nosave"])
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private Redis Cluster of three masters without replicas, whose nodes a test stops and
+/// starts again: a stopped master's slots have no server, the others keep serving theirs (the
+/// node timeout is long enough that none is declared failed meanwhile).
+pub struct PrivateRedisCluster {
+    pub nodes: Vec<PrivateRedis>,
+}
+
+impl PrivateRedisCluster {
+    pub fn start() -> PrivateRedisCluster {
+        let nodes: Vec<PrivateRedis> = (0..3)
+            .map(|_| {
+                PrivateRedis::start_with(
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "120000",
+                        // The default bus port (port + 10000) may be taken or beyond 65535.
+                        "--cluster-port",
+                        &free_port().to_string(),
+                    ]
+                    .map(String::from)
+                    .to_vec(),
+                )
+            })
+            .collect();
+        let cluster = PrivateRedisCluster { nodes };
+        run(
+            Command::new("redis-cli")
+                .arg("--cluster")
+                .arg("create")
+                .args(
+                    cluster
+                        .nodes
+                        .iter()
+                        .map(|n| format!("127.0.0.1:{}", n.port)),
+                )
+                .args(["--cluster-replicas", "0", "--cluster-yes"]),
+            "redis-cli --cluster create",
+        );
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// The seed URLs, one a node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(PrivateRedis::url).collect()
+    }
+
+    /// Waits until every running node says the cluster is ok (every slot served).
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &self.nodes {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &node.port.to_string(), "cluster", "info"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster on {} not ok", node.port);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// The node serving `key`'s slot.
+    pub fn owner(&self, key: &str) -> &PrivateRedis {
+        let cli = |port: u16, args: &[&str]| {
+            let out = Command::new("redis-cli")
+                .arg("-p")
+                .arg(port.to_string())
+                .args(args)
+                .output()
+                .expect("redis-cli");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let slot: u16 = cli(self.nodes[0].port, &["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .expect("a slot number");
+        self.nodes
+            .iter()
+            .find(|node| {
+                let nodes = cli(node.port, &["cluster", "nodes"]);
+                let myself = nodes
+                    .lines()
+                    .find(|l| l.contains("myself"))
+                    .expect("the node's own line");
+                // Fields 9 and on are its slots: "0-5460", or one slot alone.
+                myself.split_whitespace().skip(8).any(|range| {
+                    let (from, to) = range.split_once('-').unwrap_or((range, range));
+                    matches!((from.parse::<u16>(), to.parse::<u16>()),
+                        (Ok(from), Ok(to)) if (from..=to).contains(&slot))
+                })
+            })
+            .expect("a node serves every slot")
     }
 }
 
