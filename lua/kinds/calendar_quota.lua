@@ -15,11 +15,19 @@
 --       zone's window reaches an entry older than this), KEEP_MS (how long the key must live
 --       after an admission: until FORGET_BEFORE passes the new entry), DAY_END (ms, the first
 --       instant of tomorrow in the message's zone).
+--       Then, only for a message a reservation keeps out of the rule's last slots
+--       (src/priority.rs): OFF, the slots taken off both limits for this decision (the
+--       reservation's before its lapse, 0 after), and KEPT, the reservation's slots.
 -- Reply: {allowed, already, remaining, retry, day_full}: remaining = sends still allowed
 --       after this one (or now, when denied or already admitted). When denied: retry = the
 --       score of the in-window entry whose leaving the window makes room (-1 when the window
 --       has room), day_full = 1 when today is full; the worker turns these into the first
---       instant with room in the message's zone (src/limiter/kinds.rs).
+--       instant with room in the message's zone (src/kinds/calendar_quota.rs).
+--       With KEPT, a denial says what the days ahead need instead, for both sets of limits (a
+--       reservation applies again every morning): retry = the entry whose leaving makes room
+--       under the limits less KEPT, and detail = today_open + 2 * (full_entry + 1), where
+--       today_open = 1 when the full limits have room today and full_entry is the entry whose
+--       leaving makes room under them (-1 when none has to).
 --
 -- Entries no zone still counts are removed when committing, never one some zone still counts,
 -- and an id is recognised as already admitted exactly while its entry is inside the window. A
@@ -43,14 +51,33 @@ local function counts(s, first, today, window_begin, day_begin, day_end)
   return s >= window_begin and s < day_end, s >= day_begin and s < day_end
 end
 
+-- The score of the k-th oldest entry counted in the window (oldest first, as below), -1 when
+-- k < 1 (the window has room).
+local function kth_in_window(entries, k, first, today, window_begin, day_begin, day_end)
+  if k < 1 then
+    return -1
+  end
+  for i = 1, #entries, 2 do
+    local s = entries[i + 1] + 0
+    if counts(s, first, today, window_begin, day_begin, day_end) then
+      k = k - 1
+      if k == 0 then
+        return s
+      end
+    end
+  end
+  return -1
+end
+
 -- The check reads the key in one pass without copying it and hands commit what it learnt in
 -- its own result table (array slots past the reply's five); an empty key, a recipient's first
 -- send, needs none of the window's bounds, so they are converted only when there are entries
 -- (each conversion is a strtod); ARGV strings are passed to Redis as they came.
 KINDS.calendar_quota = {
   check = function(key, _, today, day_begin, window_begin, per_day, per_window, days,
-                   forget_before, _, day_end)
-    per_day, per_window = per_day + 0, per_window + 0
+                   forget_before, _, day_end, off, kept)
+    off, kept = off and off + 0 or 0, kept and kept + 0 or 0
+    per_day, per_window = per_day - off, per_window - off
     -- The set holds at most a window's admissions plus a few stale ones, so reading all of
     -- it is the cheapest read.
     local entries = redis.call('ZRANGE', key, '0', '-1', 'WITHSCORES')
@@ -85,6 +112,17 @@ KINDS.calendar_quota = {
       -- Slots 6 and 7 for commit (which decide.lua runs only after check): how many entries
       -- are stale, and whether the key is created anew (every entry it holds is stale).
       return {1, 0, left - 1, -1, 0, stale, stale * 2 == #entries}
+    end
+    if kept > 0 then
+      -- Under a limit of n, room opens when the (in_window - n + 1)-th oldest in-window entry
+      -- leaves the window.
+      local full_day, full_window = per_day + off, per_window + off
+      local today_open = (on_day < full_day and in_window < full_window) and 1 or 0
+      local full_entry = kth_in_window(entries, in_window - full_window + 1, first, today,
+        window_begin, day_begin, day_end)
+      local kept_entry = kth_in_window(entries, in_window - full_window + kept + 1, first, today,
+        window_begin, day_begin, day_end)
+      return {0, 0, 0, kept_entry, today_open + 2 * (full_entry + 1)}
     end
     local retry = -1
     if in_window >= per_window then

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::Serialize;
 
-use super::calendar::{self, day_number, day_start};
+use super::calendar::{self, day_number, day_start, DayNumber};
 use super::params::Params;
 
 /// Parameters of the calendar quota (the headline rule is 1 per day, 3 per 7 days).
@@ -95,6 +95,57 @@ pub(super) fn retry_after(
         calendar::first_day_with_room(q, raw, detail == 1, now, zone),
         zone,
     )
+}
+
+/// [`args`] for a message a reservation of `kept` slots keeps out of the rule's last ones,
+/// decided with `off` slots taken off both limits (`kept` before the day's lapse, none after):
+/// the script then also says, on a refusal, what the days ahead need under the full limits and
+/// under the reduced ones ([`room_ahead`]), since the reservation applies again every morning.
+pub(super) fn reserved_args(
+    q: &CalendarQuota,
+    off: u32,
+    kept: u32,
+    now: DateTime<Utc>,
+    zone: Tz,
+) -> Vec<i64> {
+    let mut args = args(q, now, zone);
+    args.extend([i64::from(off), i64::from(kept)]);
+    args
+}
+
+/// When a calendar quota that keeps slots from a message has room for it, as a refusal's reply
+/// to [`reserved_args`] says, nothing else being sent meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoomAhead {
+    /// Whether the full limits have room today (the rest of today after the lapse is open).
+    pub today: bool,
+    /// The first day after today on which the full limits have room.
+    pub full_from: DayNumber,
+    /// The first day after today on which the limits less the kept slots have room; `None`
+    /// when they never do (the kept slots are the whole daily limit).
+    pub reduced_from: Option<DayNumber>,
+}
+
+/// [`RoomAhead`] from a refusal's reply to [`reserved_args`] with `kept` slots: `raw` is the
+/// entry whose leaving makes room under the reduced limits, `detail` packs whether today has
+/// room under the full limits and the entry whose leaving makes room under them (see
+/// `lua/kinds/calendar_quota.lua`). Later days hold no send yet, so only the window decides
+/// them.
+pub(super) fn room_ahead(
+    q: &CalendarQuota,
+    kept: u32,
+    raw: i64,
+    detail: i64,
+    now: DateTime<Utc>,
+    zone: Tz,
+) -> RoomAhead {
+    let full_entry = detail.div_euclid(2) - 1;
+    RoomAhead {
+        today: detail.rem_euclid(2) == 1,
+        full_from: calendar::first_day_with_room(q, full_entry, false, now, zone),
+        reduced_from: (q.per_day > kept)
+            .then(|| calendar::first_day_with_room(q, raw, false, now, zone)),
+    }
 }
 
 /// Why it refused.

@@ -25,7 +25,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::Serialize;
 
-pub use calendar_quota::CalendarQuota;
+pub use calendar_quota::{CalendarQuota, RoomAhead};
 pub use fixed_window::Window;
 pub use gcra::Gcra;
 pub use leaky_bucket::Bucket;
@@ -146,17 +146,34 @@ impl Kind {
         }
     }
 
-    /// This kind with `slots` fewer on every limit (none below zero): how a rule decides a
-    /// message its reservation keeps out of the last slots. The state is the rule's own, so
-    /// the message sees every send the others made.
-    pub fn reserving(&self, slots: u32) -> Kind {
+    /// The kind's slice of the script's ARGV for a message a reservation of `kept` slots keeps
+    /// out of the rule's last ones, decided with `off` of them taken off every limit (`kept`
+    /// before the reservation lapses, none after): a refusal then also says when the message
+    /// has room ([`Kind::room_ahead`]). The state is the rule's own, so the message sees every
+    /// send the others made. Kinds without a reservation take their usual arguments.
+    pub fn reserved_args(&self, off: u32, kept: u32, now: DateTime<Utc>, zone: Tz) -> Vec<i64> {
         match self {
-            Kind::CalendarQuota(q) => Kind::CalendarQuota(CalendarQuota {
-                per_day: q.per_day.saturating_sub(slots),
-                per_window: q.per_window.saturating_sub(slots),
-                ..*q
-            }),
-            other => other.clone(),
+            Kind::CalendarQuota(q) => calendar_quota::reserved_args(q, off, kept, now, zone),
+            other => other.args(now, zone),
+        }
+    }
+
+    /// When the rule has room again for a message it refused under a reservation of `kept`
+    /// slots, from the refusal's raw retry value and `detail` (for a kind of
+    /// [`Kind::RESERVABLE`]; `None` for the others).
+    pub fn room_ahead(
+        &self,
+        kept: u32,
+        raw: i64,
+        detail: i64,
+        now: DateTime<Utc>,
+        zone: Tz,
+    ) -> Option<RoomAhead> {
+        match self {
+            Kind::CalendarQuota(q) => {
+                Some(calendar_quota::room_ahead(q, kept, raw, detail, now, zone))
+            }
+            _ => None,
         }
     }
 

@@ -696,16 +696,10 @@ impl Limiter {
                     rule_keys.push(key);
                     rule_keys.push(ids);
                     let treatment = rule.priority.treatment(message.priority, now, zone);
-                    let args = match treatment {
-                        Treatment::Reserved { slots, .. } => {
-                            rule.kind.reserving(slots).args(now, zone)
-                        }
-                        _ => rule.kind.args(now, zone),
-                    };
+                    let args = treatment.args(&rule.kind, now, zone);
                     // An exempt message that counts is decided as by a shadow rule: taken
                     // when there is room, never held back.
-                    let enforce =
-                        rule.on_deny != OnDeny::Shadow && treatment != Treatment::ExemptCounted;
+                    let enforce = rule.on_deny != OnDeny::Shadow && treatment.enforced();
                     rule_args.push(ScriptArg::Text(name));
                     rule_args.push(ScriptArg::Int(i64::from(enforce)));
                     rule_args.push(ScriptArg::Int(args.len() as i64));
@@ -824,33 +818,29 @@ fn verdict(
     zone: Tz,
     message: &SendRequest,
 ) -> Verdict {
-    let treatment = rule.priority.treatment(message.priority, now, zone);
+    let treatment: Treatment = rule.priority.treatment(message.priority, now, zone);
     let mut retry_after = None;
     let mut reason = String::new();
     if !raw.allowed {
-        retry_after = rule.kind.retry_after(raw.retry, raw.detail, now, zone);
+        retry_after = treatment.retry_after(&rule.kind, raw.retry, raw.detail, now, zone);
         reason = rule.kind.reason(raw.detail, message.cost);
-        if let (Treatment::Reserved { slots, lapse }, Some(r)) = (treatment, &rule.priority.reserve)
-        {
-            // Refused with the reserved slots taken off: by the lapse the full limits apply,
-            // which may admit it.
-            retry_after = Some(retry_after.map_or(lapse, |at| at.min(lapse)));
-            reason = format!(
-                "{reason}; the last {slots} kept for {} and above until {} local time",
-                r.for_at_least.as_str(),
-                r.until.format("%H:%M")
-            );
+        if let (Some(kept), Some(r)) = (treatment.kept(), &rule.priority.reserve) {
+            if kept.lapse.is_some() {
+                reason = format!(
+                    "{reason}; the last {} kept for {} and above until {} local time",
+                    kept.slots,
+                    r.for_at_least.as_str(),
+                    r.until.format("%H:%M")
+                );
+            }
         }
     }
     Verdict {
         rule: rule.name.clone(),
         kind: rule.kind.name(),
         on_deny: rule.on_deny,
-        exempt: treatment == Treatment::ExemptCounted,
-        reserved_until: match treatment {
-            Treatment::Reserved { lapse, .. } => Some(lapse),
-            _ => None,
-        },
+        exempt: treatment.exempt_counted(),
+        reserved_until: treatment.reserved_until(),
         allowed: raw.allowed,
         already: raw.already,
         remaining: rule.kind.remaining(raw.remaining),

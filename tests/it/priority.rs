@@ -2,7 +2,10 @@
 //! a critical message passes a cap that a promotion already used (exempt, not counted), or
 //! passes it and uses the slot itself (exempt, counted); a rule that keeps its last slot for
 //! high priorities until 18:00 local parks a normal message until then and lets a high one
-//! through; `check` says which of these applied; a priority that is not one is invalid.
+//! through, and a refusal under it lasts until the first instant that admits the message (the
+//! README's example, through `check`, and a delay rule's parking); an exempt message that
+//! counts cannot take a slot kept for a higher priority; `check` says which of these applied;
+//! a priority that is not one is invalid.
 
 use crate::support;
 
@@ -161,6 +164,168 @@ async fn a_reserved_slot_parks_a_normal_message_until_the_reservation_lapses() {
     );
     env.stop_worker().await;
     assert_eq!(seen.get("otp"), Some(&1));
+}
+
+/// What `sendquota check --at <at>` prints for `message` under `config`, committing it with
+/// `commit`.
+fn check(
+    env: &TestEnv,
+    config: &str,
+    at: &str,
+    message: &serde_json::Value,
+    commit: bool,
+) -> serde_json::Value {
+    let mut args = vec!["check", "--at", at, "--message"];
+    let body = message.to_string();
+    args.push(&body);
+    args.extend(commit.then_some("--commit"));
+    let out = env.cli_with(config, &args).output().expect("run check");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("check prints JSON")
+}
+
+/// A request in UTC of `priority`.
+fn in_utc(id: &str, recipient: &str, priority: &str) -> serde_json::Value {
+    let mut body = request(id, recipient, "UTC");
+    body["priority"] = priority.into();
+    body
+}
+
+/// The README's priority example (1 a day, 3 a week, critical exempt, the day's slot kept for
+/// high and above until 18:00) in UTC: once a high message took the day's slot at 09:00, a
+/// normal message is refused until 18:00 the next day, the first instant that admits it (the
+/// next morning the slot is kept again), whether asked before today's lapse, at it, after it
+/// or the next morning; a millisecond before that instant it is still refused.
+#[tokio::test]
+async fn a_refusal_under_a_reservation_names_the_first_instant_that_admits_the_message() {
+    let config = include_str!("../fixtures/policies/headline_reserved.toml");
+    let env = TestEnv::with_config(config).await;
+    let high = check(
+        &env,
+        config,
+        "2026-06-01T09:00:00Z",
+        &in_utc("otp", "ana", "high"),
+        true,
+    );
+    assert_eq!(high["outcome"], "allow", "{high}");
+    let promo = in_utc("promo", "ana", "normal");
+    for at in [
+        "2026-06-01T10:00:00Z",
+        "2026-06-01T18:00:00Z",
+        "2026-06-01T19:00:00Z",
+        "2026-06-02T00:00:00Z",
+        "2026-06-02T17:59:59.999Z",
+    ] {
+        let refused = check(&env, config, at, &promo, false);
+        assert_eq!(
+            (refused["outcome"].as_str(), refused["retry_after"].as_str()),
+            (Some("deny"), Some("2026-06-02T18:00:00Z")),
+            "asked at {at}: {refused}"
+        );
+    }
+    let admitted = check(&env, config, "2026-06-02T18:00:00Z", &promo, false);
+    assert_eq!(admitted["outcome"], "allow", "{admitted}");
+}
+
+/// A high message exempt from a cap that still counts it cannot take the slot kept for
+/// critical messages until 09:00: at 07:00 it goes out uncounted, and the critical message at
+/// 08:00 takes the kept slot. After the lapse a high message takes a free slot again, so the
+/// normal message after it is denied.
+#[tokio::test]
+async fn an_exempt_message_that_counts_leaves_the_reserved_slot_to_the_higher_priority() {
+    let config = include_str!("../fixtures/policies/exempt_below_reserve.toml");
+    let env = TestEnv::with_config(config).await;
+    let high = check(
+        &env,
+        config,
+        "2026-06-01T07:00:00Z",
+        &in_utc("alert", "ana", "high"),
+        true,
+    );
+    assert_eq!(high["outcome"], "allow", "{high}");
+    assert_eq!(
+        (
+            &high["rules"][0]["exempt"],
+            &high["rules"][0]["allowed"],
+            &high["rules"][0]["reserved_until"]
+        ),
+        (
+            &serde_json::json!(true),
+            &serde_json::json!(false),
+            &serde_json::json!("2026-06-01T09:00:00Z")
+        ),
+        "sent, not counted: {high}"
+    );
+    let critical = check(
+        &env,
+        config,
+        "2026-06-01T08:00:00Z",
+        &in_utc("reset", "ana", "critical"),
+        true,
+    );
+    assert_eq!(critical["outcome"], "allow", "{critical}");
+
+    let later = check(
+        &env,
+        config,
+        "2026-06-01T10:00:00Z",
+        &in_utc("alert", "ben", "high"),
+        true,
+    );
+    assert_eq!(
+        (&later["outcome"], &later["rules"][0]["allowed"]),
+        (&serde_json::json!("allow"), &serde_json::json!(true)),
+        "a free slot taken: {later}"
+    );
+    let promo = check(
+        &env,
+        config,
+        "2026-06-01T11:00:00Z",
+        &in_utc("promo", "ben", "normal"),
+        false,
+    );
+    assert_eq!(promo["outcome"], "deny", "{promo}");
+}
+
+/// With the day's only slot kept for high messages until 18:00 Berlin time and taken by one, a
+/// delay rule parks a normal message sent at 09:00 until 18:00 the next day (16:00Z), the
+/// first instant that admits it, in the delay queue for that wait: not until today's 18:00,
+/// when the day is full, in a shorter one.
+#[tokio::test]
+async fn a_delay_rule_parks_a_message_kept_from_the_reserved_slot_until_it_is_admitted() {
+    let config = format!(
+        "{}on_deny = \"delay\"\nreserve = {{ slots = 1, for = \"high\", until = \"18:00\" }}\n",
+        one_a_day("")
+    );
+    let mut env = TestEnv::with_config(&config).await;
+    let morning = local(ZONE, "2026-06-01 09:00");
+    let clock = ManualClock::new(morning);
+    env.start_worker(&clock);
+    let mut seen = HashMap::new();
+    env.publish(&prioritized("otp", "ana", Some("high"))).await;
+    assert!(
+        env.outcome("otp", &mut seen).await,
+        "high takes the day's slot"
+    );
+    env.publish(&prioritized("digest", "ana", None)).await;
+    env.copies_decided().await;
+    env.stop_worker().await;
+    let admitted_at = local(ZONE, "2026-06-02 18:00");
+    let queue = env
+        .names
+        .delay_queue(broker::delay_tier(morning, admitted_at));
+    let parked = env.drain(&queue).await;
+    assert_eq!(
+        parked.len(),
+        1,
+        "parked in the queue for the wait until {admitted_at}"
+    );
+    let until = broker::header(&parked[0].delivery.properties, broker::DELAYED_UNTIL_HEADER);
+    assert_eq!(until.as_deref(), Some("2026-06-02T16:00:00+00:00"));
 }
 
 /// A priority that is not one of the four is refused before any quota is taken, naming the

@@ -112,3 +112,18 @@ impl Drop for LimiterHarness {
             .block_on(async move { super::delete_keys(&mut conn, &pattern).await });
     }
 }
+
+/// A property-test runner of `cases` cases drawn from `seed`: the same cases every run, so a
+/// figure measured with it (how many of them agree) can be measured again.
+pub fn seeded_runner(cases: u32, seed: u8) -> proptest::test_runner::TestRunner {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(
+        config,
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]),
+    )
+}
