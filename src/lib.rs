@@ -5,37 +5,30 @@
 //! denies it. A message flows one way through these modules:
 //!
 //! ```text
-//! worker      a broker session's deliveries, slots, retries (broker: lapin connections,
-//!             topology, confirmed publishes; acks: coalesced acks; sequence: a recipient's
-//!             messages decided in delivery order)
-//!   -> message    decode and validate the request (attributes: its flat string map)
-//!   -> policy     which rules apply (kinds: each limiter kind, beside lua/kinds/<kind>.lua;
-//!                 priority: what a rule does with a message's priority)
-//!   -> limiter    one Lua script call per scope, all-or-nothing, refunds across scopes
-//!                 (keys: every Redis name; claim: one delivery of an id at a time;
-//!                 dedup: dispatch marks; deny_cache: full recipients answered from memory)
-//!   -> decision   pure: every rule's verdict -> allow / deny / delay / shadow / digest
-//!                 (deadline: a message past its deadline -> expired, never sent)
-//!   -> pipeline   make the outcome durable: dispatch publish and mark, denial row
-//!                 (denials), delay queue, invalid queue, quarantine, held for a digest
-//!                 (digest: held messages, and the flusher sending one digest of them);
-//!                 Redis unavailable and every rule on_unavailable = allow -> unchecked,
-//!                 dispatched
-//!   -> outcome    what it came to, and after a failure: retry or quarantine
-//!   -> worker     ack only after that
+//! intake   worker      a broker session's deliveries, slots, retries (broker: lapin
+//!                      connections, topology, confirmed publishes, the receipt read from
+//!                      the headers once; acks: coalesced acks; sequence: a recipient's
+//!                      messages decided in delivery order; confirms; health)
+//!   -> request   message   decode and validate the request (names: the name grammar and
+//!                          the text rules; attributes; schema)
+//!   -> rules     policy    which rules apply (kinds: each limiter kind, beside
+//!                          lua/kinds/<kind>.lua; priority; reload)
+//!   -> decide    limiter   one Lua script call per scope, all-or-nothing: every rule's
+//!                          verdict (keys, claim, dedup, deny_cache)
+//!                decision  pure: policy + request + receipt + verdicts -> one outcome and
+//!                          its deadline (outcome: Verdict, Outcome, Handled; deadline)
+//!   -> act       act::pipeline  the flow of one delivery; act::steps one step per outcome
+//!                          (dispatch, deny, delay, expire, unchecked, hold, invalid,
+//!                          quarantine), shared with act::digest (the flusher) and
+//!                          act::held (the messages digest rules hold)
+//!   -> record    denials (the history), rollup (per-minute counts)
+//!   -> worker    ack only after that
+//! ops      service (what operators ask, once) beneath admin (JSON API), console (HTML)
+//!          and cli; replay, quarantine, tail
+//! base     config, clock (the one clock), store (Redis), telemetry, traces, tls, failpoint
 //! ```
 //!
-//! Around it: `startup` builds the application and runs it until stopped; `config` (TOML and
-//! environment), `clock` (injectable time), `store` (the Redis connection, single or cluster),
-//! `tls` (certificate files and the process's one rustls crypto provider), `confirms` (a
-//! publisher's publishes polled on one task until confirmed), `admin` (the admin
-//! HTTP API), `console` (the operator console in the browser, under `/ui` on the admin server),
-//! `rollup` (per-minute decision counts in Postgres, for the console's charts), `reload` (the running rules, swapped whole on SIGHUP or the API, and audited),
-//! `replay` and `quarantine` (the operators' commands on denied and quarantined
-//! messages), `tail` (printing what is dispatched), `schema` (the request's JSON Schema for
-//! producers), `telemetry` (logs and metrics), `traces` (spans
-//! exported over OTLP when an endpoint is set), `failpoint` (crash-test faults, cargo feature
-//! `failpoints`), `cli` (the `sendquota` command).
+//! Around it: `startup` builds the application and runs it until stopped.
 //!
 //! The library's API is the command (`cli`), its settings (`config`), and running the worker
 //! in a process of one's own (`startup`, with a `clock` and a `failpoint`). Everything else is

@@ -87,6 +87,18 @@ impl OutcomeName {
         OutcomeName::Digested,
     ];
 
+    /// The outcomes recorded under a rule (a denial row, or a row of a dispatch the rule let
+    /// out): the console's rules page has a column for each. A new outcome of an `on_deny`
+    /// action is added here, and the page follows.
+    pub const RULES_MAKE: &'static [OutcomeName] = &[
+        OutcomeName::Deny,
+        OutcomeName::Delay,
+        OutcomeName::Shadow,
+        OutcomeName::Expired,
+        OutcomeName::Digested,
+        OutcomeName::Unchecked,
+    ];
+
     /// The outcome's place in [`OutcomeName::ALL`].
     pub fn index(self) -> usize {
         self as usize

@@ -18,15 +18,8 @@ use crate::outcome::OutcomeName;
 /// many it allowed and refused (a shadow rule's refusals among them).
 const VERDICT_COLUMNS: [&str; 2] = ["allowed", "refused"];
 
-/// The outcomes a rule can make, as the table's next columns.
-const COLUMNS: [OutcomeName; 6] = [
-    OutcomeName::Deny,
-    OutcomeName::Delay,
-    OutcomeName::Shadow,
-    OutcomeName::Expired,
-    OutcomeName::Digested,
-    OutcomeName::Unchecked,
-];
+/// The outcomes a rule can make, as the table's next columns ([`OutcomeName::RULES_MAKE`]).
+const COLUMNS: &[OutcomeName] = OutcomeName::RULES_MAKE;
 
 /// One rule's line.
 struct RuleLine {

@@ -383,10 +383,18 @@ async fn a_call_fails_within_the_response_timeout_while_redis_is_away_and_the_ne
     );
 
     tokio::task::block_in_place(|| redis.start_again());
-    let (reply, elapsed) = timed_get(&conn, "probe").await;
+    // A reconnect attempt begun while Redis was away may still end in its refusal (seen once
+    // in a batch of tests on a loaded machine): one call may fail with it, the next is
+    // answered, both within the response timeout.
+    let (mut reply, mut elapsed) = timed_get(&conn, "probe").await;
     eprintln!("the first call once redis is back: {reply:?} after {elapsed:?}");
+    if reply.is_err() {
+        assert!(elapsed <= timeout + TIMER_SLACK, "failed after {elapsed:?}");
+        (reply, elapsed) = timed_get(&conn, "probe").await;
+        eprintln!("the second call once redis is back: {reply:?} after {elapsed:?}");
+    }
     assert_eq!(
-        reply.expect("the first call once redis is back is answered"),
+        reply.expect("the first or second call once redis is back is answered"),
         None
     );
     assert!(elapsed <= timeout, "answered after {elapsed:?}");
