@@ -210,7 +210,7 @@ async fn denials(
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    let filter = match q.filter(Utc::now()) {
+    let filter = match q.filter(state.clock.now()) {
         Ok(filter) => filter,
         Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
     };

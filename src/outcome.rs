@@ -203,6 +203,11 @@ impl Outcome {
         }
     }
 
+    /// The name of [`Outcome::rule`], for logs and spans.
+    pub fn rule_name(&self) -> Option<&str> {
+        self.rule().map(|v| v.rule.as_str())
+    }
+
     /// When the message could go out, for outcomes that hold it back.
     pub fn retry_after(&self) -> Option<DateTime<Utc>> {
         match self {

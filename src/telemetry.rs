@@ -405,7 +405,9 @@ pub fn init_logging(log: &LogSettings) {
 pub fn report_failure(line: &str) {
     match LOGGING.get() {
         Some((LogFormat::Json, _)) => {
-            let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+            // The wall time, as the subscriber's own lines carry it (also under `--now`).
+            let timestamp = crate::clock::Clock::now(&crate::clock::SystemClock)
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
             let object = serde_json::json!({
                 "timestamp": timestamp, "level": "ERROR", "message": line, "target": "sendquota",
             });

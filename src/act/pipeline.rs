@@ -14,7 +14,7 @@ use lapin::BasicProperties;
 
 use super::digest::{self, Flusher};
 use super::steps::{ActError, Delivered, Poison, Steps};
-use crate::broker::{self, Publisher};
+use crate::broker::Publisher;
 use crate::claim::Claim;
 use crate::clock::Clock;
 use crate::decision::{self, Decision};
@@ -101,15 +101,7 @@ impl Pipeline {
         // One snapshot for the whole decision: a reload meanwhile does not reach it.
         let rules = self.rules.current();
         let now = self.clock.now();
-        let d = Delivered {
-            publisher,
-            message,
-            body: &delivery.data,
-            properties: &delivery.properties,
-            now,
-            receipt: broker::receipt(&delivery.properties, now),
-            trace,
-        };
+        let d = Delivered::of(publisher, message, delivery, now, trace);
         if let Some(expired) = decision::before_rules(message, &d.receipt, now) {
             // Past its deadline: no rule is asked, so no quota is taken and no claim held.
             place.leave();
@@ -129,11 +121,7 @@ impl Pipeline {
             }
         };
         let decided = decision::decide(&rules.policy, message, &d.receipt, &verdicts);
-        let outcome = &decided.outcome;
-        span.decided(
-            outcome.name().as_str(),
-            outcome.rule().map(|v| v.rule.as_str()),
-        );
+        span.decided(decided.outcome.name().as_str(), decided.outcome.rule_name());
         drop(span);
         self.act(&d, &rules, claim, decided).await
     }

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use lapin::message::Delivery;
 use lapin::BasicProperties;
 use metrics::Histogram;
 
@@ -104,7 +105,27 @@ pub struct Delivered<'a> {
     pub trace: Option<&'a MessageTrace>,
 }
 
-impl Delivered<'_> {
+impl<'a> Delivered<'a> {
+    /// `delivery`, whose body decoded to `message`, decided at `now`: its receipt read from
+    /// its headers here, once.
+    pub fn of(
+        publisher: &'a Publisher,
+        message: &'a SendRequest,
+        delivery: &'a Delivery,
+        now: DateTime<Utc>,
+        trace: Option<&'a MessageTrace>,
+    ) -> Delivered<'a> {
+        Delivered {
+            publisher,
+            message,
+            body: &delivery.data,
+            properties: &delivery.properties,
+            now,
+            receipt: broker::receipt(&delivery.properties, now),
+            trace,
+        }
+    }
+
     /// The denial row of this message, to which a step adds its refusal's fields.
     fn row(&self) -> DenialRow {
         DenialRow {

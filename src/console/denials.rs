@@ -6,7 +6,6 @@ use askama::Template;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use chrono::Utc;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
@@ -224,7 +223,7 @@ pub async fn list(
 ) -> Response {
     let filter = match filters
         .query()
-        .and_then(|q| q.filter(Utc::now()).map_err(ConsoleError::Input))
+        .and_then(|q| q.filter(state.clock.now()).map_err(ConsoleError::Input))
     {
         Ok(filter) => filter,
         Err(e) => return e.into_response(),
