@@ -107,6 +107,7 @@ impl Pipeline {
             body: &delivery.data,
             properties: &delivery.properties,
             now,
+            order: self.steps.held.order(),
             receipt: broker::receipt(&delivery.properties, now),
             trace,
         };

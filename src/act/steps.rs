@@ -97,6 +97,8 @@ pub struct Delivered<'a> {
     pub properties: &'a BasicProperties,
     /// The decision instant.
     pub now: DateTime<Utc>,
+    /// Its [`Held::order`], taken in its recipient's turn: a hold keeps the decision order.
+    pub order: i64,
     /// When the worker first received the message, the deadline set so far and the denial it
     /// replays, carried on whenever it is republished.
     pub receipt: Receipt,
@@ -372,7 +374,7 @@ impl Steps {
         deadline: Option<DateTime<Utc>>,
     ) -> Result<Handled, ActError> {
         self.held
-            .hold(d.message, &rule.rule, group, deadline, d.now)
+            .hold(d.message, &rule.rule, group, deadline, d.now, d.order)
             .await?;
         Ok(Handled::Digested {
             rule: rule.rule.clone(),
