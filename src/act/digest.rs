@@ -28,6 +28,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::watch;
 
@@ -39,7 +40,7 @@ use crate::decision;
 use crate::denials::DenialRow;
 use crate::failpoint::{self, Failpoint};
 use crate::limiter::Limiter;
-use crate::message::SendRequest;
+use crate::message::{SendRequest, MAX_AMQP_SHORT_BYTES};
 use crate::policy::Rule;
 use crate::reload::LiveRules;
 
@@ -71,6 +72,16 @@ struct Item {
     message_id: String,
     message_text: String,
     expires_at: Option<DateTime<Utc>>,
+    held_at: DateTime<Utc>,
+    held_order: i64,
+}
+
+impl Item {
+    /// Where the item stands among its group's: the order they were held in (decided in,
+    /// per recipient), which the row id, taken when the hold commits, is not.
+    fn held_rank(&self) -> (DateTime<Utc>, i64, i64) {
+        (self.held_at, self.held_order, self.id)
+    }
 }
 
 /// The digest as published: `{"digest": {...}}`, documented in the README.
@@ -119,11 +130,23 @@ pub fn group_of<'m>(rule: &Rule, message: &'m SendRequest) -> &'m str {
         .unwrap_or("")
 }
 
-/// The id of the digest of `rule`'s group `group` to `recipient` whose first item is
+/// The id of the digest of `rule`'s group `group` to `recipient` whose oldest held item is
 /// `first_item`: the same on every attempt at that digest, so the limiter admits it once and
-/// its dispatch mark tells a retry it went.
+/// its dispatch mark tells a retry it went. It is also the digest's AMQP `message_id`, an
+/// AMQP short string (at most 255 bytes, or the broker client leaves it off and a consumer
+/// cannot drop a copy): readable (`digest:<rule>:<recipient>:<group>:<n>`) when that fits,
+/// else `digest:<SHA-256 of rule, recipient and group in lowercase hex>:<n>` (92 bytes at
+/// most), which is as fixed per group as the readable form.
 pub fn digest_id(rule: &str, recipient: &str, group: &str, first_item: i64) -> String {
-    format!("digest:{rule}:{recipient}:{group}:{first_item}")
+    let plain = format!("digest:{rule}:{recipient}:{group}:{first_item}");
+    if plain.len() <= MAX_AMQP_SHORT_BYTES {
+        return plain;
+    }
+    let hash: String = Sha256::digest([rule, recipient, group].join("\u{1f}").as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("digest:{hash}:{first_item}")
 }
 
 /// Flushes every `flusher.interval` until `stop`, publishing through `publisher`. A failed
@@ -239,8 +262,9 @@ impl Flusher {
         }
         let items: Vec<Item> = sqlx::query_as(
             "SELECT id, recipient, rule, group_key, channel, message_id, message_text, \
-             expires_at FROM digest_items WHERE recipient = $1 AND rule = $2 \
-             AND group_key = $3 AND digest_id IS NULL ORDER BY id LIMIT $4",
+             expires_at, held_at, held_order FROM digest_items WHERE recipient = $1 \
+             AND rule = $2 AND group_key = $3 AND digest_id IS NULL \
+             ORDER BY held_at, held_order, id LIMIT $4",
         )
         .bind(recipient)
         .bind(rule_name)
@@ -382,14 +406,14 @@ impl Flusher {
              WHERE digest_id = $1 AND NOT EXISTS (SELECT 1 FROM digest_items \
              WHERE digest_id = $1 AND sending_until > clock_timestamp()) \
              RETURNING id, recipient, rule, group_key, channel, message_id, message_text, \
-             expires_at",
+             expires_at, held_at, held_order",
         )
         .bind(id)
         .bind(SEND_LEASE.as_secs_f64())
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        items.sort_unstable_by_key(|i| i.id);
+        items.sort_unstable_by_key(Item::held_rank);
         Ok(Some(items).filter(|items| !items.is_empty()))
     }
 
@@ -530,6 +554,32 @@ mod tests {
         assert_ne!(
             digest_id("daily", "u1", "", 42),
             digest_id("daily", "u1", "", 43)
+        );
+    }
+
+    #[test]
+    fn a_digest_id_too_long_for_an_amqp_short_string_names_its_group_by_a_hash() {
+        let long = "r".repeat(256);
+        let id = digest_id("daily", &long, "", 7);
+        assert_eq!(id.len(), "digest:".len() + 64 + ":7".len());
+        assert!(id.starts_with("digest:") && id.ends_with(":7"), "{id}");
+        assert_eq!(
+            id,
+            digest_id("daily", &long, "", 7),
+            "the same on every attempt"
+        );
+        assert_ne!(id, digest_id("daily", &long, "", 8));
+        assert_ne!(id, digest_id("daily", &long, "a", 7));
+        // The parts are kept apart: moving a character from one to the next is another group.
+        assert_ne!(
+            digest_id("daily", &long, "x", 7),
+            digest_id("dailyr", &"r".repeat(255), "x", 7)
+        );
+        let fits = "r".repeat(200);
+        assert_eq!(
+            digest_id("daily", &fits, "", 7),
+            format!("digest:daily:{fits}::7"),
+            "readable while it fits"
         );
     }
 }

@@ -2,6 +2,9 @@
 //! act step's effect) and listing them for operators. The flusher that sends them as digests
 //! is [`super::digest`].
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -12,6 +15,8 @@ use crate::message::SendRequest;
 #[derive(Debug, Clone)]
 pub struct Held {
     pool: PgPool,
+    /// The last [`Held::order`] given out.
+    orders: Arc<AtomicI64>,
 }
 
 /// One group of held messages as `sendquota digests` lists it.
@@ -53,7 +58,18 @@ pub async fn held_groups(
 impl Held {
     /// Held messages in `pool`'s `digest_items`.
     pub fn new(pool: PgPool) -> Held {
-        Held { pool }
+        Held {
+            pool,
+            orders: Arc::new(AtomicI64::new(0)),
+        }
+    }
+
+    /// A number above every one this worker gave out before, taken by a message while it holds
+    /// its recipient's turn: a hold keeps it, so a digest lists a recipient's messages in the
+    /// order they were decided. Neither the decision instant (equal within a clock tick) nor
+    /// the row id (taken as each hold commits, after the turn is left) keeps that order.
+    pub fn order(&self) -> i64 {
+        self.orders.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The pool the table lives in, for the flusher's transactions.
@@ -63,7 +79,8 @@ impl Held {
 
     /// Holds `message`, refused by the digest rule `rule` at `now`, for the rule's next digest
     /// to its recipient in `group` (see [`super::digest::group_of`]); `deadline` is the instant
-    /// past which it is dropped from it. A copy of a message held already is held once.
+    /// past which it is dropped from it; `order` is its [`Held::order`], taken in its turn
+    /// at `now`. A copy of a message held already is held once.
     /// Durable when this returns: the delivery may be acked.
     pub async fn hold(
         &self,
@@ -72,11 +89,12 @@ impl Held {
         group: &str,
         deadline: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
+        order: i64,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(
             "INSERT INTO digest_items (recipient, rule, group_key, channel, message_id, \
-             message_text, expires_at, held_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT DO NOTHING",
+             message_text, expires_at, held_at, held_order) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
         )
         .bind(&message.recipient)
         .bind(rule)
@@ -86,6 +104,7 @@ impl Held {
         .bind(message.to_json_text())
         .bind(deadline)
         .bind(now)
+        .bind(order)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -101,7 +101,8 @@ impl Pipeline {
         // One snapshot for the whole decision: a reload meanwhile does not reach it.
         let rules = self.rules.current();
         let now = self.clock.now();
-        let d = Delivered::of(publisher, message, delivery, now, trace);
+        let order = self.steps.held.order();
+        let d = Delivered::of(publisher, message, delivery, (now, order), trace);
         if let Some(expired) = decision::before_rules(message, &d.receipt, now) {
             // Past its deadline: no rule is asked, so no quota is taken and no claim held.
             place.leave();

@@ -98,6 +98,8 @@ pub struct Delivered<'a> {
     pub properties: &'a BasicProperties,
     /// The decision instant.
     pub now: DateTime<Utc>,
+    /// Its [`Held::order`], taken in its recipient's turn: a hold keeps the decision order.
+    pub order: i64,
     /// When the worker first received the message, the deadline set so far and the denial it
     /// replays, carried on whenever it is republished.
     pub receipt: Receipt,
@@ -106,13 +108,13 @@ pub struct Delivered<'a> {
 }
 
 impl<'a> Delivered<'a> {
-    /// `delivery`, whose body decoded to `message`, decided at `now`: its receipt read from
-    /// its headers here, once.
+    /// `delivery`, whose body decoded to `message`, decided at `now` as the `order`-th of this
+    /// process ([`Held::order`]): its receipt read from its headers here, once.
     pub fn of(
         publisher: &'a Publisher,
         message: &'a SendRequest,
         delivery: &'a Delivery,
-        now: DateTime<Utc>,
+        (now, order): (DateTime<Utc>, i64),
         trace: Option<&'a MessageTrace>,
     ) -> Delivered<'a> {
         Delivered {
@@ -121,6 +123,7 @@ impl<'a> Delivered<'a> {
             body: &delivery.data,
             properties: &delivery.properties,
             now,
+            order,
             receipt: broker::receipt(&delivery.properties, now),
             trace,
         }
@@ -393,7 +396,7 @@ impl Steps {
         deadline: Option<DateTime<Utc>>,
     ) -> Result<Handled, ActError> {
         self.held
-            .hold(d.message, &rule.rule, group, deadline, d.now)
+            .hold(d.message, &rule.rule, group, deadline, d.now, d.order)
             .await?;
         Ok(Handled::Digested {
             rule: rule.rule.clone(),

@@ -599,3 +599,119 @@ async fn a_message_held_after_its_group_was_refused_waits_with_the_group() {
     assert_eq!(sent[0].ids(), ["h-1", "h-2"]);
     env.stop_worker().await;
 }
+
+/// Waits until `n` messages to `recipient` are held.
+async fn held_to(env: &TestEnv, recipient: &str, n: i64) {
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    loop {
+        let held: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM digest_items WHERE recipient = $1")
+                .bind(recipient)
+                .fetch_one(&env.pool)
+                .await
+                .expect("count digest_items");
+        if held == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} held to {recipient} within {OUTCOME_TIMEOUT:?}: {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The row of the held message `message_id` to `recipient`: what a digest id is numbered by.
+async fn item_of(env: &TestEnv, recipient: &str, message_id: &str) -> i64 {
+    sqlx::query_scalar("SELECT id FROM digest_items WHERE recipient = $1 AND message_id = $2")
+        .bind(recipient)
+        .bind(message_id)
+        .fetch_one(&env.pool)
+        .await
+        .expect("read a held item")
+}
+
+/// Messages published to one recipient in one burst, all in flight at once at the default
+/// prefetch: the first goes out, the others are held.
+const BURST: usize = 21;
+
+#[tokio::test]
+async fn a_digest_lists_its_messages_in_the_order_they_were_held_and_is_named_by_the_oldest() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    for round in 0..3 {
+        let recipient = format!("ordered-{round}");
+        for i in 0..BURST {
+            env.publish(&request(&format!("n-{i}"), &recipient, "UTC"))
+                .await;
+        }
+        held_to(&env, &recipient, BURST as i64 - 1).await;
+        let oldest = item_of(&env, &recipient, "n-1").await;
+        let (singles, none) = dispatched(&env).await;
+        assert_eq!(singles, ["n-0"], "round {round}");
+        assert!(none.is_empty(), "round {round}: no room today: no digest");
+        clock.set(local("UTC", &format!("2026-02-{:02} 09:00", 3 + round)));
+        let sent = digests(&env, 1).await;
+        let digest = &sent[0].body["digest"];
+        let listed: Vec<&str> = digest["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| m["id"].as_str().expect("an id"))
+            .collect();
+        let published: Vec<String> = (1..BURST).map(|i| format!("n-{i}")).collect();
+        assert_eq!(listed, published, "round {round}: the order they were held");
+        assert_eq!(
+            digest["id"].as_str(),
+            Some(digest::digest_id("daily", &recipient, "", oldest).as_str()),
+            "round {round}: named by the oldest held message"
+        );
+    }
+    env.stop_worker().await;
+}
+
+#[tokio::test]
+async fn a_digest_to_a_long_recipient_carries_a_message_id_that_fits_an_amqp_short_string() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    let recipient = "r".repeat(256);
+    env.publish(&request("n-0", &recipient, "UTC")).await;
+    env.publish(&request("n-1", &recipient, "UTC")).await;
+    held_to(&env, &recipient, 1).await;
+    let item = item_of(&env, &recipient, "n-1").await;
+    assert_eq!(dispatched(&env).await.0, ["n-0"]);
+    clock.set(local("UTC", "2026-02-03 09:00"));
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    let sent = loop {
+        let mut sent = env.drain(&env.dispatched_queue).await;
+        if let Some(m) = sent.pop() {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a digest within {OUTCOME_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let body: serde_json::Value =
+        serde_json::from_slice(&sent.delivery.data).expect("dispatched body is JSON");
+    let id = digest::digest_id("daily", &recipient, "", item);
+    // A consumer drops a copy by the message id: the digest's own, on every copy of it.
+    assert_eq!(
+        sent.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some(id.as_str())
+    );
+    assert!(id.len() <= 255, "{} bytes: {id}", id.len());
+    assert_eq!(body["digest"]["id"].as_str(), Some(id.as_str()));
+    assert_eq!(
+        body["digest"]["recipient"].as_str(),
+        Some(recipient.as_str())
+    );
+    env.stop_worker().await;
+}
