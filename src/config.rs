@@ -313,6 +313,10 @@ pub struct WorkerSettings {
     /// recipient has room again, in milliseconds: a digest goes out at most this long after
     /// the room is there.
     pub digest_flush_interval_ms: u64,
+    /// Largest digest body, in bytes: a group whose held messages are larger together goes
+    /// out as several digests (each one send). Below the broker's `max_message_size`, which
+    /// refuses a larger message and closes the channel every dispatch shares.
+    pub max_digest_bytes: usize,
 }
 
 impl Default for RedisSettings {
@@ -366,6 +370,7 @@ impl Default for WorkerSettings {
             denial_batch_size: 500,
             denial_batch_wait_ms: 3,
             digest_flush_interval_ms: 5_000,
+            max_digest_bytes: DEFAULT_MAX_DIGEST_BYTES,
         }
     }
 }
@@ -538,6 +543,12 @@ impl NumericSetting {
     }
 }
 
+/// The default of `worker.max_digest_bytes`: 4 KiB below the 128 KiB `max_message_size` that
+/// deploy/rabbitmq/rabbitmq.conf sets, so a digest is never refused by a broker set up as
+/// recommended (RabbitMQ measures the body; the headroom covers a broker or proxy that counts
+/// the properties too), and one held request of the largest default body (64 KiB) fits.
+pub const DEFAULT_MAX_DIGEST_BYTES: usize = 126_976;
+
 /// Ten minutes: the longest timeout or interval accepted. Longer ones only hide a failure (a
 /// wait that long is a service that is down), and bounds keep every duration far from what
 /// `Duration` and tokio's timers can hold.
@@ -547,7 +558,7 @@ const MAX_WAIT_MS: u64 = 600_000;
 const MAX_LONG_WAIT_MS: u64 = 3_600_000;
 
 /// Every numeric setting with its valid range, stated beside it in deploy/config.example.toml.
-pub const NUMERIC_SETTINGS: [NumericSetting; 18] = [
+pub const NUMERIC_SETTINGS: [NumericSetting; 19] = [
     // Below 100 ms a loaded but healthy Redis times out.
     NumericSetting {
         section: "redis",
@@ -685,6 +696,14 @@ pub const NUMERIC_SETTINGS: [NumericSetting; 18] = [
         min: 100,
         max: MAX_LONG_WAIT_MS,
         value: |s| s.worker.digest_flush_interval_ms,
+    },
+    // Below 1 KiB most digests would carry one message; RabbitMQ refuses bodies over 128 MiB.
+    NumericSetting {
+        section: "worker",
+        key: "max_digest_bytes",
+        min: 1_024,
+        max: 128 * 1024 * 1024,
+        value: |s| s.worker.max_digest_bytes as u64,
     },
 ];
 

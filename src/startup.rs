@@ -157,6 +157,7 @@ pub async fn run(
         rules: rules.clone(),
         clock: clock.clone(),
         max_body_bytes: settings.worker.max_body_bytes,
+        max_digest_bytes: settings.worker.max_digest_bytes,
         interval: Duration::from_millis(settings.worker.digest_flush_interval_ms),
     });
     let pipeline = Arc::new(Pipeline {

@@ -190,6 +190,9 @@ pub struct Flusher {
     pub clock: Arc<dyn Clock>,
     /// Largest accepted body, to read held requests back.
     pub max_body_bytes: usize,
+    /// Largest digest body, in bytes (`worker.max_digest_bytes`): below what the broker
+    /// accepts, which refuses a larger one and closes the channel every dispatch shares.
+    pub max_digest_bytes: usize,
     /// How often a flush runs.
     pub interval: Duration,
 }
@@ -306,6 +309,9 @@ impl Flusher {
             .evaluate(&rules.policy, &request, now, true)
             .await?;
         let ids: Vec<i64> = live.iter().map(|i| i.id).collect();
+        // The oldest items whose digest stays within the byte bound; the others wait for the
+        // group's next digest (another send).
+        let fit = fitting(&id, &live, self.max_digest_bytes);
         // Dispatched: it went out before and its items were held again since (a copy); they
         // are sent with it, which the dispatch mark stops from going twice.
         if evaluation.committed() || evaluation.dispatched() {
@@ -315,7 +321,7 @@ impl Flusher {
             }
             sqlx::query("UPDATE digest_items SET digest_id = $1 WHERE id = ANY($2)")
                 .bind(&id)
-                .bind(&ids)
+                .bind(&ids[..fit])
                 .execute(&mut *tx)
                 .await?;
             took.admitted = Some(id);
@@ -344,7 +350,7 @@ impl Flusher {
     /// goes on, and another worker would send the digest too. Once the broker has it, the
     /// marks and the delete are each tried on their own: either tells a later attempt it went.
     async fn send(&self, publisher: &Publisher, id: &str) -> Result<bool, ActError> {
-        let Some(items) = self.lease(id).await? else {
+        let Some(mut items) = self.lease(id).await? else {
             return Ok(false);
         };
         // Left held (and logged) should none read back: deleting them would lose them.
@@ -361,6 +367,16 @@ impl Flusher {
             }
         };
         if published {
+            // Bound before the byte bound was (or while it was larger): the items past it
+            // go back to their group for its next digest, so the broker never refuses this one.
+            let fit = fitting(id, &items, self.max_digest_bytes);
+            if fit < items.len() {
+                if let Err(e) = self.unbind(&items[fit..]).await {
+                    self.release(id).await;
+                    return Err(e.into());
+                }
+                items.truncate(fit);
+            }
             if failpoint::armed(self.steps.failpoint, Failpoint::SlowIds)
                 && request.recipient.starts_with("slow-")
             {
@@ -417,6 +433,18 @@ impl Flusher {
         Ok(Some(items).filter(|items| !items.is_empty()))
     }
 
+    /// Returns `items` of a digest not yet published to their group, held as before.
+    async fn unbind(&self, items: &[Item]) -> Result<(), sqlx::Error> {
+        let ids: Vec<i64> = items.iter().map(|i| i.id).collect();
+        sqlx::query(
+            "UPDATE digest_items SET digest_id = NULL, sending_until = NULL WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .execute(self.steps.held.pool())
+        .await?;
+        Ok(())
+    }
+
     /// Ends this worker's lease of digest `id` early, its publish having failed; a failure
     /// is logged (the lease then runs out).
     async fn release(&self, id: &str) {
@@ -454,17 +482,7 @@ impl Flusher {
             .iter()
             .filter_map(|i| serde_json::from_str::<&RawValue>(&i.message_text).ok())
             .collect::<Vec<_>>();
-        let body = Body {
-            digest: BodyFields {
-                id,
-                rule: &first.rule,
-                recipient: &first.recipient,
-                channel: &first.channel,
-                group: Some(first.group_key.as_str()).filter(|g| !g.is_empty()),
-                count: messages.len(),
-                messages,
-            },
-        };
+        let body = Body::new(id, first, messages.len(), messages);
         let count = body.digest.count.to_string();
         let body = serde_json::to_vec(&body)?;
         let props = broker::json_properties(Some(id), &[(COUNT_HEADER, count)]);
@@ -523,6 +541,43 @@ impl Flusher {
     }
 }
 
+impl<'a> Body<'a> {
+    /// The digest `id` of `first`'s group, saying it holds `count` requests, `messages`.
+    fn new(id: &'a str, first: &'a Item, count: usize, messages: Vec<&'a RawValue>) -> Body<'a> {
+        Body {
+            digest: BodyFields {
+                id,
+                rule: &first.rule,
+                recipient: &first.recipient,
+                channel: &first.channel,
+                group: Some(first.group_key.as_str()).filter(|g| !g.is_empty()),
+                count,
+                messages,
+            },
+        }
+    }
+}
+
+/// How many of `items` (one group's, oldest first) the digest `id` carries so that its body
+/// stays within `max_bytes`: at least one, so a request larger than the bound alone still
+/// goes out, as a digest of one. Counted from above (each item's stored text whole, the count
+/// as if all were in), so the body published is never larger than counted.
+fn fitting(id: &str, items: &[Item], max_bytes: usize) -> usize {
+    let Some(first) = items.first() else {
+        return 0;
+    };
+    // The body without messages (`"messages":[]`); each message adds its text and a comma.
+    let mut size =
+        serde_json::to_vec(&Body::new(id, first, items.len(), Vec::new())).map_or(0, |b| b.len());
+    for (n, item) in items.iter().enumerate() {
+        size += item.message_text.len() + usize::from(n > 0);
+        if n > 0 && size > max_bytes {
+            return n;
+        }
+    }
+    items.len()
+}
+
 /// What taking up a group came to.
 #[derive(Debug, Default)]
 struct Took {
@@ -544,6 +599,56 @@ async fn try_lock(tx: &mut Transaction<'_, Postgres>, parts: &[&str]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn item(id: i64, text_bytes: usize) -> Item {
+        let text = serde_json::json!({"id": format!("m-{id}"), "pad": "x".repeat(text_bytes)});
+        Item {
+            id,
+            recipient: "u1".into(),
+            rule: "daily".into(),
+            group_key: String::new(),
+            channel: "email".into(),
+            message_id: format!("m-{id}"),
+            message_text: text.to_string(),
+            expires_at: None,
+        }
+    }
+
+    /// The body a digest of `items` is published with.
+    fn body_len(id: &str, items: &[Item]) -> usize {
+        let messages = items
+            .iter()
+            .map(|i| serde_json::from_str::<&RawValue>(&i.message_text).expect("JSON"))
+            .collect::<Vec<_>>();
+        let body = Body::new(id, &items[0], messages.len(), messages);
+        serde_json::to_vec(&body).expect("serializes").len()
+    }
+
+    #[test]
+    fn a_digest_takes_the_oldest_items_whose_body_stays_within_the_bound() {
+        let items: Vec<Item> = (1..=10).map(|n| item(n, 100 * n as usize)).collect();
+        for max in [1_024, 2_000, 3_333, 5_000, 100_000] {
+            let fit = fitting("digest:daily:u1::1", &items, max);
+            assert!(fit >= 1);
+            assert!(
+                body_len("digest:daily:u1::1", &items[..fit]) <= max,
+                "{max}: {fit}"
+            );
+            if fit < items.len() {
+                assert!(
+                    body_len("digest:daily:u1::1", &items[..=fit]) > max,
+                    "{max}: {fit}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_item_larger_than_the_bound_goes_alone() {
+        let items = [item(1, 5_000), item(2, 10)];
+        assert_eq!(fitting("d", &items, 1_024), 1);
+        assert_eq!(fitting("d", &items[..0], 1_024), 0);
+    }
 
     #[test]
     fn a_digest_id_names_its_group_and_first_item() {

@@ -32,6 +32,8 @@ const COPIES: usize = 3;
 struct Sent {
     count: String,
     body: serde_json::Value,
+    /// The body's size as published, in bytes.
+    bytes: usize,
 }
 
 impl Sent {
@@ -55,7 +57,11 @@ async fn dispatched(env: &TestEnv) -> (Vec<String>, Vec<Sent>) {
         let body: serde_json::Value =
             serde_json::from_slice(&m.delivery.data).expect("dispatched body is JSON");
         match broker::header(&m.delivery.properties, COUNT_HEADER) {
-            Some(count) => digests.push(Sent { count, body }),
+            Some(count) => digests.push(Sent {
+                count,
+                body,
+                bytes: m.delivery.data.len(),
+            }),
             None => singles.push(body["id"].as_str().expect("an id").to_owned()),
         }
     }
@@ -714,4 +720,108 @@ async fn a_digest_to_a_long_recipient_carries_a_message_id_that_fits_an_amqp_sho
         Some(recipient.as_str())
     );
     env.stop_worker().await;
+}
+
+/// What deploy/rabbitmq/rabbitmq.conf sets as the broker's `max_message_size` (and the README
+/// recommends): a digest above it is refused by the broker.
+const BROKER_MAX_MESSAGE_SIZE: usize = 131_072;
+
+/// Three sends a day (and a week), at the default digest bound; what comes after is held for
+/// the next day's digests.
+const THREE_A_DAY_DIGEST: &str = "[worker]\ndigest_flush_interval_ms = 100\n\
+    [[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 3\n\
+    per_window = 100\non_deny = \"digest\"\n";
+
+#[tokio::test]
+async fn held_messages_larger_together_than_the_digest_bound_go_out_as_several_digests_within_it() {
+    let mut env = TestEnv::with_config(THREE_A_DAY_DIGEST).await;
+    let bound = env.settings.worker.max_digest_bytes;
+    assert!(
+        bound <= BROKER_MAX_MESSAGE_SIZE,
+        "the default bound is below the broker's"
+    );
+    let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
+    env.start_worker(&clock);
+    for id in ["s-0", "s-1", "s-2"] {
+        env.publish(&request(id, "grace", "UTC")).await;
+    }
+    env.copies_decided().await;
+    // Seven requests of about 40 KB: 280 KB together (one digest of them would be refused by
+    // the broker), three of them fit in the default bound. The next day's three sends carry
+    // them as three digests: 3, 3 and 1, oldest first.
+    let big: Vec<String> = (0..7).map(|n| format!("b-{n}")).collect();
+    for id in &big {
+        let mut body = request(id, "grace", "UTC");
+        body["payload"] = serde_json::json!({"template": "t", "text": "x".repeat(40_000)});
+        env.publish(&body).await;
+    }
+    env.copies_decided().await;
+    assert_eq!(held(&env).await, big);
+    let mut singles = dispatched(&env).await.0;
+    singles.sort_unstable();
+    assert_eq!(singles, ["s-0", "s-1", "s-2"]);
+    clock.set(local("UTC", "2026-02-03 09:00"));
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    let mut sent = Vec::new();
+    while !held(&env).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "every held message sent within {OUTCOME_TIMEOUT:?}; held: {:?}, {} digests sent",
+            held(&env).await,
+            sent.len()
+        );
+        sent.extend(dispatched(&env).await.1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let (singles, more) = dispatched(&env).await;
+    assert!(singles.is_empty(), "no single message: {singles:?}");
+    sent.extend(more);
+    let sizes: Vec<usize> = sent.iter().map(|s| s.bytes).collect();
+    assert!(
+        sizes.iter().all(|&b| b <= bound),
+        "every digest within {bound} bytes: {sizes:?}"
+    );
+    assert_eq!(sent.len(), 3, "three digests: {sizes:?}");
+    for s in &sent {
+        assert_eq!(s.count, s.ids().len().to_string());
+    }
+    let mut ids: Vec<String> = sent.iter().flat_map(Sent::ids).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, big, "each held message sent exactly once");
+    env.stop_worker().await;
+    assert_eq!(env.denial_rows().await, 0);
+}
+
+/// A digest admitted while the bound was larger (or before there was one) and not yet sent
+/// when the worker starts: the items past the bound go back to their group, whose next digest
+/// (the day's send) carries them, so no digest the worker publishes is over the bound.
+#[tokio::test]
+async fn a_pending_digest_over_the_bound_sends_what_fits_and_returns_the_rest_to_its_group() {
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    let bound = env.settings.worker.max_digest_bytes;
+    let now = local("UTC", "2026-02-03 09:00");
+    let pending = "digest:daily:hank::1";
+    let big: Vec<String> = (0..4).map(|n| format!("h-{n}")).collect();
+    for id in &big {
+        let mut body = request(id, "hank", "UTC");
+        body["payload"] = serde_json::json!({"template": "t", "text": "x".repeat(40_000)});
+        hold(&env, &body, Some(pending), now).await;
+    }
+    env.start_worker(&ManualClock::new(now));
+    let sent = digests(&env, 2).await;
+    let sizes: Vec<usize> = sent.iter().map(|s| s.bytes).collect();
+    assert!(
+        sizes.iter().all(|&b| b <= bound),
+        "every digest within {bound} bytes: {sizes:?}"
+    );
+    assert_eq!(sent[0].body["digest"]["id"].as_str(), Some(pending));
+    assert_eq!(
+        sent.iter().map(Sent::ids).collect::<Vec<_>>(),
+        [big[..3].to_vec(), big[3..].to_vec()],
+        "the oldest three in the pending digest, the last in the group's next"
+    );
+    assert!(held(&env).await.is_empty());
+    env.stop_worker().await;
+    assert_eq!(env.denial_rows().await, 0);
 }
