@@ -611,6 +611,8 @@ mod tests {
             message_id: format!("m-{id}"),
             message_text: text.to_string(),
             expires_at: None,
+            held_at: DateTime::UNIX_EPOCH,
+            held_order: id,
         }
     }
 
