@@ -242,11 +242,13 @@ impl RedisConn {
     async fn connect_single(settings: &RedisSettings, timeout: Duration) -> RedisResult<RedisConn> {
         let client = client(&settings.url, &settings.tls)?;
         // No retries: a call would wait for them (see `SingleServer`), and the first connect
-        // is one attempt, whose failure is reported at once.
+        // is one attempt, whose failure is reported at once. No response timeout of the
+        // manager's own: `SingleServer` bounds every call, reconnecting included, by the same
+        // duration, and a second timer per call would only cost its registration.
         let config = ConnectionManagerConfig::new()
             .set_number_of_retries(0)
             .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout));
+            .set_response_timeout(None);
         Ok(RedisConn::Single(SingleServer {
             manager: ConnectionManager::new_with_config(client, config).await?,
             timeout,
