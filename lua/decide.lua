@@ -7,7 +7,7 @@
 --       MESSAGE_ID up there and, if it was dispatched, reply '2' and touch nothing.
 --       Then, optionally (only after the marks), the recipient's in-flight claims (a hash:
 --       field = message id, value = '<token> <expires, ms of Redis's own clock>'; see
---       src/claim.rs): one delivery of
+--       src/decide/claim.rs): one delivery of
 --       a message id at a time is decided and dispatched. 'commit' replies '3 WAIT_MS' and
 --       touches nothing while another token holds a live claim on MESSAGE_ID, and claims it for
 --       TOKEN when it commits (a refused message holds no claim).

@@ -11,15 +11,15 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Parser, Subcommand, ValueEnum};
 use futures_util::{StreamExt, TryStreamExt};
 
-use crate::broker::{self, Names, Publisher};
-use crate::clock::{Clock, ManualClock, SystemClock};
-use crate::config::{ConfigError, LogFormat, LogSettings, Settings};
-use crate::denials::{Denial, DenialFilter, DenialStore};
-use crate::failpoint;
-use crate::limiter::Limiter;
-use crate::message::SendRequest;
+use crate::base::clock::{Clock, ManualClock, SystemClock};
+use crate::base::config::{ConfigError, LogFormat, LogSettings, Settings};
+use crate::base::failpoint;
+use crate::base::store::RedisConn;
+use crate::decide::limiter::Limiter;
+use crate::intake::broker::{self, Names, Publisher};
+use crate::record::denials::{Denial, DenialFilter, DenialStore};
+use crate::request::message::SendRequest;
 use crate::startup;
-use crate::store::RedisConn;
 
 /// Publishes in flight at once when `publish` sends a file: enough to hide the confirm round
 /// trip, few enough to keep memory flat.
@@ -307,8 +307,8 @@ pub fn main(cli: Cli) -> std::process::ExitCode {
     match start(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            let line = crate::message::one_line(&e.to_string());
-            crate::telemetry::report_failure(&format!("sendquota: {line}"));
+            let line = crate::request::message::one_line(&e.to_string());
+            crate::base::telemetry::report_failure(&format!("sendquota: {line}"));
             std::process::ExitCode::from(e.exit_code())
         }
     }
@@ -317,7 +317,7 @@ pub fn main(cli: Cli) -> std::process::ExitCode {
 /// Loads the configuration, starts logging as it says, builds the runtime the command runs on
 /// (the worker's has `worker.threads` threads) and runs the command to completion.
 pub fn start(cli: Cli) -> Result<(), CliError> {
-    crate::tls::install_crypto_provider();
+    crate::base::tls::install_crypto_provider();
     let loaded = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok());
     // Refused settings are reported in the format the environment asks for, if it does.
     let log = match &loaded {
@@ -330,7 +330,7 @@ pub fn start(cli: Cli) -> Result<(), CliError> {
             ..LogSettings::default()
         },
     };
-    crate::telemetry::init_logging(&log);
+    crate::base::telemetry::init_logging(&log);
     let settings = loaded?;
     let threads = match cli.command {
         Command::Worker { .. } => settings.worker.threads,
@@ -403,7 +403,7 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
         Command::Quarantine { action } => quarantine(&settings, action).await,
         Command::Tail { channel } => tail(&settings, channel.as_deref().unwrap_or("#")).await,
         Command::Schema => {
-            let schema = crate::schema::request_schema(settings.worker.max_body_bytes);
+            let schema = crate::request::schema::request_schema(settings.worker.max_body_bytes);
             println!("{schema:#}");
             Ok(())
         }
@@ -429,7 +429,7 @@ async fn rules_history(
         return Err(CliError::Input("--limit must be at least 1".to_owned()));
     }
     let store = connect_store(settings).await?;
-    let changes = crate::reload::history(&store, limit)
+    let changes = crate::rules::reload::history(&store, limit)
         .await
         .map_err(|e| service("postgres")(&e))?;
     let mut out = std::io::stdout().lock();
@@ -481,18 +481,19 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// The RFC3339 instant of option `flag`, in the supported range (see [`crate::clock::in_range`]).
+/// The RFC3339 instant of option `flag`, in the supported range (see [`crate::base::clock::in_range`]).
 fn parse_instant(flag: &str, s: &str) -> Result<DateTime<Utc>, CliError> {
     let at = DateTime::parse_from_rfc3339(s)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| CliError::Input(format!("{flag} {s:?} is not an RFC3339 instant: {e}")))?;
-    crate::clock::in_range(at).map_err(|e| CliError::Input(format!("{flag}: {e}")))
+    crate::base::clock::in_range(at).map_err(|e| CliError::Input(format!("{flag}: {e}")))
 }
 
 /// Option `flag`'s RFC3339 instant, or an age (`7d`, `36h`, `90m`, `30s`) counted back from
 /// `now`, in the supported range.
 pub fn parse_since(flag: &str, s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, CliError> {
-    crate::clock::parse_instant_or_age(s, now).map_err(|e| CliError::Input(format!("{flag} {e}")))
+    crate::base::clock::parse_instant_or_age(s, now)
+        .map_err(|e| CliError::Input(format!("{flag} {e}")))
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -516,7 +517,7 @@ async fn check(
         .await
         .map_err(|e| service("redis")(&e))?;
     let limiter = Limiter::new(redis, &settings.namespace);
-    let out = crate::service::check(&limiter, &settings.policy, &request, now, commit)
+    let out = crate::ops::service::check(&limiter, &settings.policy, &request, now, commit)
         .await
         .map_err(|e| service("redis")(&e))?;
     println!("{out}");
@@ -613,19 +614,19 @@ async fn tail(settings: &Settings, routing_key: &str) -> Result<(), CliError> {
         .map_err(|e| rabbitmq(&e))?;
     let tailed = async {
         let channel = broker::timed("channel.open", connection.create_channel()).await?;
-        let (queue, consumer) = crate::tail::bind(&channel, &names, routing_key).await?;
+        let (queue, consumer) = crate::ops::tail::bind(&channel, &names, routing_key).await?;
         eprintln!(
             "tailing {} (routing key {routing_key}) through temporary queue {queue}; \
              Ctrl-C to stop",
             names.dispatch
         );
         let mut out = std::io::stdout().lock();
-        crate::tail::print(consumer, &mut out, shutdown_signal()).await
+        crate::ops::tail::print(consumer, &mut out, shutdown_signal()).await
     }
     .await;
     let _ = connection.close(200, "done".into()).await;
     tailed.map_err(|e| match e {
-        crate::tail::TailError::Broker(e) => rabbitmq(&e),
+        crate::ops::tail::TailError::Broker(e) => rabbitmq(&e),
         output => CliError::Service(output.to_string()),
     })
 }
@@ -645,7 +646,7 @@ async fn quarantine(settings: &Settings, action: QuarantineAction) -> Result<(),
     let names = Names::new(&settings.namespace);
     match action {
         QuarantineAction::List { limit } => {
-            let listed = crate::quarantine::list_held(&settings.amqp, &names, ROLE, limit)
+            let listed = crate::ops::quarantine::list_held(&settings.amqp, &names, ROLE, limit)
                 .await
                 .map_err(|e| service("rabbitmq")(&e))?;
             let mut out = std::io::stdout().lock();
@@ -658,13 +659,13 @@ async fn quarantine(settings: &Settings, action: QuarantineAction) -> Result<(),
         }
         QuarantineAction::Replay { limit } => {
             let store = connect_store(settings).await?;
-            let which = crate::quarantine::Which::All { limit };
-            let replayed = crate::quarantine::replay_held(
+            let which = crate::ops::quarantine::Which::All { limit };
+            let replayed = crate::ops::quarantine::replay_held(
                 &settings.amqp,
                 &names,
                 &store,
                 &which,
-                crate::quarantine::CLI_ACTOR,
+                crate::ops::quarantine::CLI_ACTOR,
                 ROLE,
             )
             .await
@@ -690,7 +691,7 @@ async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {
 async fn replay(settings: &Settings, clock: &dyn Clock, args: ReplayArgs) -> Result<(), CliError> {
     let now = clock.now();
     let rate = match args.rate.as_deref() {
-        Some(text) => Some(crate::replay::parse_rate(text).ok_or_else(|| {
+        Some(text) => Some(crate::ops::replay::parse_rate(text).ok_or_else(|| {
             CliError::Input(format!(
                 "--rate {text:?} is not a rate such as 50/s, 50 or 300/m"
             ))
@@ -709,7 +710,9 @@ async fn replay(settings: &Settings, clock: &dyn Clock, args: ReplayArgs) -> Res
     };
     let store = connect_store(settings).await?;
     if args.dry_run {
-        let limit = args.limit.map_or(crate::denials::MAX_LIMIT, |l| l as i64);
+        let limit = args
+            .limit
+            .map_or(crate::record::denials::MAX_LIMIT, |l| l as i64);
         let rows = store
             .replayable(&filter, limit)
             .await
@@ -731,13 +734,13 @@ async fn replay(settings: &Settings, clock: &dyn Clock, args: ReplayArgs) -> Res
     let names = Names::new(&settings.namespace);
     let (connection, publisher) = open_publisher(settings, &names, "sendquota-replay").await?;
     let bar = progress_bar(args.limit);
-    let options = crate::replay::ReplayOptions {
+    let options = crate::ops::replay::ReplayOptions {
         filter,
         limit: args.limit,
         rate,
         batch: args.batch,
     };
-    let result = crate::replay::replay(
+    let result = crate::ops::replay::replay(
         &store,
         &publisher,
         &names,
@@ -833,7 +836,7 @@ fn row_cells(d: &Denial) -> [String; 9] {
             format!("{} (shadow)", d.rule)
         } else if d.unchecked {
             format!("{} (unchecked)", d.rule)
-        } else if d.reason == crate::deadline::EXPIRED_REASON {
+        } else if d.reason == crate::decide::deadline::EXPIRED_REASON {
             format!("{} (expired)", d.rule)
         } else {
             d.rule.clone()

@@ -2,217 +2,196 @@
 //!
 //! Producers publish send requests to RabbitMQ; the worker decides each one against every
 //! frequency cap and rate limit that applies, atomically in Redis, and dispatches, delays or
-//! denies it. A message flows one way through these modules:
+//! denies it. A message flows one way through these folders, each importing only the ones
+//! below it:
 //!
 //! ```text
-//! intake   worker      a broker session's deliveries, slots, retries (broker: lapin
-//!                      connections, topology, confirmed publishes, the receipt read from
-//!                      the headers once; acks: coalesced acks; sequence: a recipient's
-//!                      messages decided in delivery order; confirms; health)
-//!   -> request   message   decode and validate the request (names: the name grammar and
-//!                          the text rules; attributes; schema)
-//!   -> rules     policy    which rules apply (kinds: each limiter kind, beside
-//!                          lua/kinds/<kind>.lua; priority; reload)
-//!   -> decide    limiter   one Lua script call per scope, all-or-nothing: every rule's
-//!                          verdict (keys, claim, dedup, deny_cache)
-//!                decision  pure: policy + request + receipt + verdicts -> one outcome and
-//!                          its deadline (outcome: Verdict, Outcome, Handled; deadline)
-//!   -> act       act::pipeline  the flow of one delivery; act::steps one step per outcome
-//!                          (dispatch, deny, delay, expire, unchecked, hold, invalid,
-//!                          quarantine), shared with act::digest (the flusher) and
-//!                          act::held (the messages digest rules hold)
-//!   -> record    denials (the history), rollup (per-minute counts)
-//!   -> worker    ack only after that
-//! ops      service (what operators ask, once) beneath admin (JSON API), console (HTML)
-//!          and cli; replay, quarantine, tail
-//! base     config, clock (the one clock), store (Redis), telemetry, traces, tls, failpoint
+//! cli, startup   the faces and the assembly (startup builds the application and runs it)
+//! ops/      what operators do: service (what operators ask, once) beneath admin (JSON API),
+//!           console/ (HTML) and cli; quarantine, replay, tail
+//! act/      pipeline (the flow of one delivery), steps (one step per outcome: dispatch,
+//!           deny, delay, expire, unchecked, hold, invalid, quarantine), shared with digest
+//!           (the flusher) and held (the messages digest rules hold)
+//! intake/   worker (a broker session's deliveries, slots, retries), broker (lapin
+//!           connections, topology, confirmed publishes, the receipt read from the headers
+//!           once), acks (coalesced), sequence (a recipient's messages in delivery order),
+//!           confirms
+//! record/   denials/ (the history), rollup (per-minute counts)
+//! decide/   limiter/ (one Lua script call per scope, all-or-nothing: every rule's verdict;
+//!           keys, claim, dedup, deny_cache), decision (pure: policy + request + receipt +
+//!           verdicts -> one outcome and its deadline), outcome (Verdict, Outcome), deadline
+//! rules/    policy/ (which rules apply), kinds/ (each limiter kind, beside
+//!           lua/kinds/<kind>.lua), priority, reload
+//! request/  message (the request type, decode and validation), names (the name grammar and
+//!           the text rules), attributes, schema
+//! base/     config, clock (the one clock), store (Redis), telemetry, traces, tls,
+//!           failpoint, health
 //! ```
-//!
-//! Around it: `startup` builds the application and runs it until stopped.
 //!
 //! The library's API is the command (`cli`), its settings (`config`), and running the worker
 //! in a process of one's own (`startup`, with a `clock` and a `failpoint`). Everything else is
 //! reachable through `internals` for the project's tests and benches only.
 
 pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod failpoint;
 pub mod startup;
 
-mod acks;
+pub use base::{clock, config, failpoint};
+
 mod act;
-mod admin;
-mod attributes;
-mod broker;
-mod claim;
-mod confirms;
-mod console;
-mod deadline;
-mod decision;
-mod dedup;
-mod denials;
-mod deny_cache;
-mod health;
-mod keys;
-mod kinds;
-mod limiter;
-mod message;
-mod names;
-mod outcome;
-mod policy;
-mod priority;
-mod quarantine;
-mod reload;
-mod replay;
-mod rollup;
-mod schema;
-mod sequence;
-mod service;
-mod store;
-mod tail;
-mod telemetry;
-mod tls;
-mod traces;
-mod worker;
+mod base;
+mod decide;
+mod intake;
+mod ops;
+mod record;
+mod request;
+mod rules;
 
 /// The modules behind the API, for the project's integration tests and benches: they drive the
 /// limiter, the policy and the stores directly against the real services. Not a stable
-/// interface.
+/// interface; each module keeps the flat name it had before the folders.
 #[doc(hidden)]
 pub mod internals {
-    /// The crate's `acks` module.
+    /// The crate's `intake::acks`.
     pub mod acks {
-        pub use crate::acks::*;
+        pub use crate::intake::acks::*;
     }
-    /// The crate's `admin` module.
+    /// The crate's `ops::admin`.
     pub mod admin {
-        pub use crate::admin::*;
+        pub use crate::ops::admin::*;
     }
-    /// The crate's `attributes` module.
+    /// The crate's `request::attributes`.
     pub mod attributes {
-        pub use crate::attributes::*;
+        pub use crate::request::attributes::*;
     }
-    /// The crate's `broker` module.
+    /// The crate's `intake::broker`.
     pub mod broker {
-        pub use crate::broker::*;
+        pub use crate::intake::broker::*;
     }
-    /// The crate's `claim` module.
+    /// The crate's `decide::claim`.
     pub mod claim {
-        pub use crate::claim::*;
+        pub use crate::decide::claim::*;
     }
-    /// The crate's `console` module.
+    /// The crate's `intake::confirms`.
+    pub mod confirms {
+        pub use crate::intake::confirms::*;
+    }
+    /// The crate's `ops::console`.
     pub mod console {
-        pub use crate::console::*;
+        pub use crate::ops::console::*;
     }
-    /// The crate's `deadline` module.
+    /// The crate's `decide::deadline`.
     pub mod deadline {
-        pub use crate::deadline::*;
+        pub use crate::decide::deadline::*;
     }
-    /// The crate's `decision` module.
+    /// The crate's `decide::decision`.
     pub mod decision {
-        pub use crate::decision::*;
+        pub use crate::decide::decision::*;
     }
-    /// The crate's `dedup` module.
+    /// The crate's `decide::dedup`.
     pub mod dedup {
-        pub use crate::dedup::*;
+        pub use crate::decide::dedup::*;
     }
-    /// The crate's `digest` module.
+    /// The crate's `record::denials`.
+    pub mod denials {
+        pub use crate::record::denials::*;
+    }
+    /// The crate's `decide::deny_cache`.
+    pub mod deny_cache {
+        pub use crate::decide::deny_cache::*;
+    }
+    /// The crate's `act::digest and act::held`.
     pub mod digest {
         pub use crate::act::digest::*;
         pub use crate::act::held::*;
     }
-    /// The crate's `denials` module.
-    pub mod denials {
-        pub use crate::denials::*;
-    }
-    /// The crate's `deny_cache` module.
-    pub mod deny_cache {
-        pub use crate::deny_cache::*;
-    }
-    /// The crate's `keys` module.
+    /// The crate's `decide::keys`.
     pub mod keys {
-        pub use crate::keys::*;
+        pub use crate::decide::keys::*;
     }
-    /// The crate's `kinds` module.
+    /// The crate's `rules::kinds`.
     pub mod kinds {
-        pub use crate::kinds::*;
+        pub use crate::rules::kinds::*;
     }
-    /// The crate's `limiter` module.
+    /// The crate's `decide::limiter`.
     pub mod limiter {
-        pub use crate::limiter::*;
+        pub use crate::decide::limiter::*;
     }
-    /// The crate's `message` module.
+    /// The crate's `request::message`.
     pub mod message {
-        pub use crate::message::*;
+        pub use crate::request::message::*;
     }
-    /// The crate's `names` module.
+    /// The crate's `request::names`.
     pub mod names {
-        pub use crate::names::*;
+        pub use crate::request::names::*;
     }
-    /// The crate's `outcome` module.
+    /// The crate's `decide::outcome`.
     pub mod outcome {
-        pub use crate::outcome::*;
+        pub use crate::decide::outcome::*;
     }
-    /// The crate's `pipeline` module.
+    /// The crate's `act::pipeline and act::steps`.
     pub mod pipeline {
         pub use crate::act::pipeline::*;
         pub use crate::act::steps::*;
     }
-    /// The crate's `policy` module.
+    /// The crate's `rules::policy`.
     pub mod policy {
-        pub use crate::policy::*;
+        pub use crate::rules::policy::*;
     }
-    /// The crate's `priority` module.
+    /// The crate's `rules::priority`.
     pub mod priority {
-        pub use crate::priority::*;
+        pub use crate::request::priority::*;
+        pub use crate::rules::priority::*;
     }
-    /// The crate's `quarantine` module.
+    /// The crate's `ops::quarantine`.
     pub mod quarantine {
-        pub use crate::quarantine::*;
+        pub use crate::ops::quarantine::*;
     }
-    /// The crate's `reload` module.
+    /// The crate's `rules::reload`.
     pub mod reload {
-        pub use crate::reload::*;
+        pub use crate::rules::reload::*;
     }
-    /// The crate's `replay` module.
+    /// The crate's `ops::replay`.
     pub mod replay {
-        pub use crate::replay::*;
+        pub use crate::ops::replay::*;
     }
-    /// The crate's `rollup` module.
+    /// The crate's `record::rollup`.
     pub mod rollup {
-        pub use crate::rollup::*;
+        pub use crate::record::rollup::*;
     }
-    /// The crate's `service` module.
-    pub mod service {
-        pub use crate::service::*;
+    /// The crate's `request::schema`.
+    pub mod schema {
+        pub use crate::request::schema::*;
     }
-    /// The crate's `sequence` module.
+    /// The crate's `intake::sequence`.
     pub mod sequence {
-        pub use crate::sequence::*;
+        pub use crate::intake::sequence::*;
     }
-    /// The crate's `store` module.
+    /// The crate's `ops::service`.
+    pub mod service {
+        pub use crate::ops::service::*;
+    }
+    /// The crate's `base::store`.
     pub mod store {
-        pub use crate::store::*;
+        pub use crate::base::store::*;
     }
-    /// The crate's `tail` module.
+    /// The crate's `ops::tail`.
     pub mod tail {
-        pub use crate::tail::*;
+        pub use crate::ops::tail::*;
     }
-    /// The crate's `telemetry` module.
+    /// The crate's `base::telemetry`.
     pub mod telemetry {
-        pub use crate::telemetry::*;
+        pub use crate::base::telemetry::*;
     }
-    /// The crate's `tls` module.
+    /// The crate's `base::tls`.
     pub mod tls {
-        pub use crate::tls::*;
+        pub use crate::base::tls::*;
     }
-    /// The crate's `traces` module.
+    /// The crate's `base::traces`.
     pub mod traces {
-        pub use crate::traces::*;
+        pub use crate::base::traces::*;
     }
-    /// The crate's `worker` module.
+    /// The crate's `intake::worker`.
     pub mod worker {
-        pub use crate::worker::*;
+        pub use crate::intake::worker::*;
     }
 }

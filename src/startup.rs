@@ -15,23 +15,24 @@ use crate::act::digest::Flusher;
 use crate::act::held::Held;
 use crate::act::pipeline::Pipeline;
 use crate::act::steps::Steps;
-use crate::admin::{self, AdminState};
-use crate::broker::Names;
-use crate::clock::Clock;
-use crate::config::Settings;
-use crate::console::Console;
-use crate::dedup::DispatchMarks;
-use crate::denials::{DenialError, DenialStore, DenialWriter};
-use crate::deny_cache::{self, DenyCache};
-use crate::failpoint::Failpoint;
-use crate::health::Health;
-use crate::limiter::Limiter;
-use crate::reload::{self, LiveRules, Reloader, Rules};
-use crate::rollup::{DecisionCounts, RollupWriter};
-use crate::service::Ops;
-use crate::store::RedisConn;
-use crate::traces::Traces;
-use crate::{telemetry, worker};
+use crate::base::clock::Clock;
+use crate::base::config::Settings;
+use crate::base::failpoint::Failpoint;
+use crate::base::health::Health;
+use crate::base::store::RedisConn;
+use crate::base::telemetry;
+use crate::base::traces::Traces;
+use crate::decide::dedup::DispatchMarks;
+use crate::decide::deny_cache::{self, DenyCache};
+use crate::decide::limiter::Limiter;
+use crate::intake::broker::Names;
+use crate::intake::worker;
+use crate::ops::admin::{self, AdminState};
+use crate::ops::console::Console;
+use crate::ops::service::Ops;
+use crate::record::denials::{DenialError, DenialStore, DenialWriter};
+use crate::record::rollup::{DecisionCounts, RollupWriter};
+use crate::rules::reload::{self, LiveRules, Reloader, Rules};
 
 /// How often buffered histogram samples are folded into their buckets.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
@@ -57,7 +58,7 @@ pub enum StartupError {
     Redis(String),
     /// Redis is too old for the decision scripts, or its version could not be read.
     #[error(transparent)]
-    RedisVersion(#[from] crate::store::VersionError),
+    RedisVersion(#[from] crate::base::store::VersionError),
     /// Postgres could not be reached at start-up.
     #[error(transparent)]
     Denials(#[from] DenialError),
@@ -70,10 +71,10 @@ pub enum StartupError {
     /// The worker's clock reads an instant outside the supported range: every decision would
     /// be made at a wrong instant.
     #[error("the worker's clock: {0}")]
-    Clock(#[from] crate::clock::OutOfRange),
+    Clock(#[from] crate::base::clock::OutOfRange),
     /// Span export was configured but could not start.
     #[error(transparent)]
-    Traces(#[from] crate::traces::TracesError),
+    Traces(#[from] crate::base::traces::TracesError),
 }
 
 /// Runs the worker until `shutdown` completes, then drains in-flight messages.
@@ -83,7 +84,7 @@ pub async fn run(
     failpoint: Option<Failpoint>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartupError> {
-    crate::clock::in_range(clock.now())?;
+    crate::base::clock::in_range(clock.now())?;
     let hangups = reload::hangups();
     telemetry::prometheus();
     metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
@@ -128,7 +129,7 @@ pub async fn run(
     let names = Names::new(&settings.namespace);
     let traces = Traces::start(&settings.telemetry, &names.requests)?.map(Arc::new);
     if traces.is_some() {
-        info!(endpoint = %crate::config::redact_url(&settings.telemetry.otlp_endpoint),
+        info!(endpoint = %crate::base::config::redact_url(&settings.telemetry.otlp_endpoint),
             "exporting spans over OTLP/HTTP");
     }
     let rollup = Arc::new(DecisionCounts::default());
@@ -213,7 +214,7 @@ async fn connect_redis(settings: &Settings) -> Result<RedisConn, StartupError> {
             tls_hint(plain, &e.to_string(), "rediss://")
         ))
     })?;
-    match crate::store::check_version(&redis).await? {
+    match crate::base::store::check_version(&redis).await? {
         Some(version) => info!(%version, "redis version checked"),
         None => warn!("redis does not report its version; the scripts need Redis 7.0 or later"),
     }
@@ -230,7 +231,7 @@ fn limiter(settings: &Settings, redis: &RedisConn, stop: &watch::Receiver<bool>)
     let cache = Arc::new(DenyCache::new());
     tokio::spawn(deny_cache::listen(
         settings.redis.clone(),
-        crate::keys::deny_cache_channel(&settings.namespace),
+        crate::decide::keys::deny_cache_channel(&settings.namespace),
         cache.clone(),
         stop.clone(),
     ));

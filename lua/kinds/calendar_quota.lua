@@ -16,13 +16,13 @@
 --       after an admission: until FORGET_BEFORE passes the new entry), DAY_END (ms, the first
 --       instant of tomorrow in the message's zone).
 --       Then, only for a message a reservation keeps out of the rule's last slots
---       (src/priority.rs): OFF, the slots taken off both limits for this decision (the
+--       (src/rules/priority.rs): OFF, the slots taken off both limits for this decision (the
 --       reservation's before its lapse, 0 after), and KEPT, the reservation's slots.
 -- Reply: {allowed, already, remaining, retry, day_full}: remaining = sends still allowed
 --       after this one (or now, when denied or already admitted). When denied: retry = the
 --       score of the in-window entry whose leaving the window makes room (-1 when the window
 --       has room), day_full = 1 when today is full; the worker turns these into the first
---       instant with room in the message's zone (src/kinds/calendar_quota.rs).
+--       instant with room in the message's zone (src/rules/kinds/calendar_quota.rs).
 --       With KEPT, a denial says what the days ahead need instead, for both sets of limits (a
 --       reservation applies again every morning): retry = the entry whose leaving makes room
 --       under the limits less KEPT, and detail = today_open + 2 * (full_entry + 1), where

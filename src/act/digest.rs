@@ -19,7 +19,7 @@
 //! without room cannot crowd the others out of a flush; one digest or group that fails is
 //! logged and left for the next flush, never stopping the others.
 //!
-//! Items past their deadline ([`crate::deadline::passed`] at flush time) are dropped from the
+//! Items past their deadline ([`crate::decide::deadline::passed`] at flush time) are dropped from the
 //! digest and recorded as denials with reason `expired` under the digest rule.
 
 use std::sync::Arc;
@@ -33,16 +33,16 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::watch;
 
 use super::steps::{ActError, Steps};
-use crate::broker::{self, Publisher};
-use crate::clock::Clock;
-use crate::deadline::{self, Receipt};
-use crate::decision;
-use crate::denials::DenialRow;
-use crate::failpoint::{self, Failpoint};
-use crate::limiter::Limiter;
-use crate::message::{SendRequest, MAX_AMQP_SHORT_BYTES};
-use crate::policy::Rule;
-use crate::reload::LiveRules;
+use crate::base::clock::Clock;
+use crate::base::failpoint::{self, Failpoint};
+use crate::decide::deadline::{self, Receipt};
+use crate::decide::decision;
+use crate::decide::limiter::Limiter;
+use crate::intake::broker::{self, Publisher};
+use crate::record::denials::DenialRow;
+use crate::request::message::{SendRequest, MAX_AMQP_SHORT_BYTES};
+use crate::rules::policy::Rule;
+use crate::rules::reload::LiveRules;
 
 /// The header carrying how many requests a digest holds, so a sender can tell a digest from a
 /// single message without reading the body.

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::message::SendRequest;
+use crate::request::message::SendRequest;
 
 /// The held messages in Postgres.
 #[derive(Debug, Clone)]

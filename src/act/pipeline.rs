@@ -4,7 +4,7 @@
 //! with a publisher confirm, denial row committed, parked in a delay queue, held for a digest,
 //! or routed to the invalid queue). The caller acks after that, and on an error retries the
 //! whole step: every part of it is idempotent by message id, so a retry never consumes quota
-//! twice. The decision is [`crate::decision`]'s, the effects are [`super::steps`]'s.
+//! twice. The decision is [`crate::decide::decision`]'s, the effects are [`super::steps`]'s.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,19 +14,19 @@ use lapin::BasicProperties;
 
 use super::digest::{self, Flusher};
 use super::steps::{ActError, Delivered, Poison, Steps};
-use crate::broker::Publisher;
-use crate::claim::Claim;
-use crate::clock::Clock;
-use crate::decision::{self, Decision};
-use crate::failpoint::{self, Failpoint};
-use crate::limiter::{Evaluation, Limiter, LimiterError};
-use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Handled, Outcome, OutcomeName, Verdict};
-use crate::policy::Rule;
-use crate::reload::{LiveRules, Rules};
-use crate::rollup::DecisionCounts;
-use crate::sequence::Place;
-use crate::traces::{MessageTrace, Step, Traces};
+use crate::base::clock::Clock;
+use crate::base::failpoint::{self, Failpoint};
+use crate::base::traces::{MessageTrace, Step, Traces};
+use crate::decide::claim::Claim;
+use crate::decide::decision::{self, Decision};
+use crate::decide::limiter::{Evaluation, Limiter, LimiterError};
+use crate::decide::outcome::{Handled, Outcome, OutcomeName, Verdict};
+use crate::intake::broker::Publisher;
+use crate::intake::sequence::Place;
+use crate::record::rollup::DecisionCounts;
+use crate::request::message::{InvalidMessage, SendRequest};
+use crate::rules::policy::Rule;
+use crate::rules::reload::{LiveRules, Rules};
 
 /// Everything a message's decision needs, shared by all in-flight messages.
 pub struct Pipeline {
@@ -111,7 +111,7 @@ impl Pipeline {
             }
             return self.act(&d, &rules, claim, expired).await;
         }
-        let mut span = crate::traces::decide(trace);
+        let mut span = crate::base::traces::decide(trace);
         let verdicts = match self.evaluate(&d, &rules, claim, place, &mut span).await? {
             Evaluated::Decided(verdicts) => verdicts,
             Evaluated::Settled(handled) => return Ok(handled),

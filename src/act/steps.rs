@@ -12,18 +12,18 @@ use lapin::BasicProperties;
 use metrics::Histogram;
 
 use super::held::Held;
-use crate::broker::{self, BrokerError, Names, Publisher};
-use crate::claim::Claim;
-use crate::deadline::{self, Receipt};
-use crate::dedup::DispatchMarks;
-use crate::denials::{DenialError, DenialRow, DenialWriter};
-use crate::failpoint::{self, Failpoint};
-use crate::limiter::LimiterError;
-use crate::message::{InvalidMessage, SendRequest};
-use crate::outcome::{Failure, Handled, Verdict};
-use crate::policy::Rule;
-use crate::telemetry;
-use crate::traces::{self, MessageTrace};
+use crate::base::failpoint::{self, Failpoint};
+use crate::base::telemetry;
+use crate::base::traces::{self, MessageTrace};
+use crate::decide::claim::Claim;
+use crate::decide::deadline::{self, Receipt};
+use crate::decide::dedup::DispatchMarks;
+use crate::decide::limiter::LimiterError;
+use crate::decide::outcome::{Failure, Handled, Verdict};
+use crate::intake::broker::{self, BrokerError, Names, Publisher};
+use crate::record::denials::{DenialError, DenialRow, DenialWriter};
+use crate::request::message::{InvalidMessage, SendRequest};
+use crate::rules::policy::Rule;
 
 /// A failure that leaves a message unacked (retried) or a digest held (flushed again): the one
 /// error of the pipeline and the digest flusher.
@@ -338,7 +338,7 @@ impl Steps {
             kind: rule.kind.name().to_owned(),
             reason: format!(
                 "{UNCHECKED_REASON} ({})",
-                crate::message::one_line(&error.to_string())
+                crate::request::message::one_line(&error.to_string())
             ),
             unchecked: true,
             expires_at: d.receipt.deadline(message),

@@ -649,7 +649,7 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
     rust_files(&root.join("src"), &mut files);
     assert!(files.len() > 10, "found the sources: {files:?}");
 
-    let script_path = root.join("src/limiter/script.rs");
+    let script_path = root.join("src/decide/limiter/script.rs");
     let mut with_script_new = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).expect("read source");
@@ -692,7 +692,7 @@ fn lua_reaches_redis_only_from_the_files_in_lua() {
             "{rel} holds Lua"
         );
     }
-    assert_eq!(with_script_new, ["src/limiter/script.rs"]);
+    assert_eq!(with_script_new, ["src/decide/limiter/script.rs"]);
 
     let script_rs = std::fs::read_to_string(&script_path).expect("read script.rs");
     assert_eq!(script_rs.matches("Script::new").count(), 1);

@@ -1,0 +1,7 @@
+//! What comes in: a broker session's deliveries and what settles them.
+
+pub mod acks;
+pub mod broker;
+pub mod confirms;
+pub mod sequence;
+pub mod worker;
