@@ -367,9 +367,13 @@ impl Flusher {
             }
         };
         if published {
-            // Bound before the byte bound was (or while it was larger): the items past it
-            // go back to their group for its next digest, so the broker never refuses this one.
-            let fit = fitting(id, &items, self.max_digest_bytes);
+            // Bound before the byte bound was (or while it was larger, or before the broker
+            // refused a body below it): the items past it go back to their group for its next
+            // digest, so the broker never refuses this one.
+            let bound = publisher.max_body().map_or(self.max_digest_bytes, |limit| {
+                limit.min(self.max_digest_bytes)
+            });
+            let fit = fitting(id, &items, bound);
             if fit < items.len() {
                 if let Err(e) = self.unbind(&items[fit..]).await {
                     self.release(id).await;

@@ -55,10 +55,12 @@ pub enum ActError {
 
 impl ActError {
     /// How the attempt failed: a refusal of this message's own data (Postgres refused its
-    /// denial row), or a service being away, which retrying outlasts.
+    /// denial row, the broker its body's size), or a service being away, which retrying
+    /// outlasts.
     pub fn failure(&self) -> Failure {
         match self {
             ActError::Denials(DenialError::Refused { .. }) => Failure::Refused,
+            ActError::Broker(e) if e.refuses_the_message() => Failure::Refused,
             _ => Failure::Transient,
         }
     }

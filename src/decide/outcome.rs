@@ -68,7 +68,7 @@ pub enum OutcomeName {
     /// `on_unavailable = "allow"`; recorded as a row marked `unchecked`.
     Unchecked,
     /// Refused by a `digest` rule: held, to be sent with the others it holds to the recipient
-    /// in one digest once the rule has room. See [`crate::digest`].
+    /// in one digest once the rule has room. See [`crate::act::digest`].
     Digested,
 }
 
@@ -256,7 +256,7 @@ pub enum Handled {
         rule: String,
     },
     /// Held by the `digest` rule `rule` for its next digest to the recipient (see
-    /// [`crate::digest`]); no denial row is written.
+    /// [`crate::act::digest`]); no denial row is written.
     Digested {
         /// The rule it is held under.
         rule: String,
@@ -312,7 +312,7 @@ pub enum Failure {
     /// A service was away, slow or failing (an outage, a timeout): retrying outlasts it.
     Transient,
     /// A service refused this message's own data (Postgres SQLSTATE class 22 for its denial
-    /// row): retrying cannot cure it.
+    /// row, RabbitMQ a body over its `max_message_size`): retrying cannot cure it.
     Refused,
 }
 

@@ -10,7 +10,7 @@
 //! slow message never holds the others' acks, and with them the prefetch window, for long.
 //!
 //! Nothing is acked before its outcome is durable: a task reports a delivery only once
-//! [`crate::pipeline::Pipeline::handle`] returned. Delivery tags on a channel are 1, 2, 3, ...
+//! [`crate::act::pipeline::Pipeline::handle`] returned. Delivery tags on a channel are 1, 2, 3, ...
 //! in delivery order, and a `multiple` ack covers only tags reported finished. A nack (the
 //! message goes back to the queue) is sent at once, before any later `multiple` ack that
 //! would otherwise cover its tag.

@@ -13,7 +13,8 @@
 //! when a publish to one of its queues comes back unroutable (an operator deleted it).
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -111,6 +112,35 @@ pub enum BrokerError {
     /// A name or routing key does not fit in AMQP's 255-byte short string.
     #[error("name too long for AMQP (over 255 bytes): {0:?}")]
     NameTooLong(String),
+    /// The broker refuses a body this large (its `max_message_size`, learned from the refusal
+    /// of an earlier publish): the message's own fault, which no retry cures.
+    #[error("rabbitmq refuses a message body of {size} bytes: its max_message_size is {limit}")]
+    TooLarge {
+        /// The body's size in bytes.
+        size: usize,
+        /// The broker's limit.
+        limit: usize,
+    },
+}
+
+impl BrokerError {
+    /// Whether the broker refused this message for its own sake (its size), so that retrying
+    /// it cannot succeed, as opposed to the broker or the network failing.
+    pub fn refuses_the_message(&self) -> bool {
+        matches!(self, BrokerError::TooLarge { .. })
+    }
+}
+
+/// The limit a broker's refusal names, `message size 217346 is larger than configured max
+/// size 131072` (RabbitMQ's PRECONDITION_FAILED on a publish over `max_message_size`).
+fn size_limit(error: &lapin::Error) -> Option<usize> {
+    let lapin::ErrorKind::ProtocolError(amqp) = error.kind() else {
+        return None;
+    };
+    let text = amqp.get_message().as_str();
+    let (_, after) = text.split_once("max size ")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// `s` as an AMQP short string, or an error naming it (lapin's `From` would panic).
@@ -237,7 +267,7 @@ pub async fn open_publisher(
     let publisher = Publisher::open(&connection)
         .await?
         .healing(names.clone(), settings.queue_type);
-    declare(publisher.channel(), names, settings.queue_type).await?;
+    declare(&publisher.channel(), names, settings.queue_type).await?;
     Ok((connection, publisher))
 }
 
@@ -428,9 +458,17 @@ pub fn delay_tier_for(wait: i64) -> i64 {
 /// for the message (and, for mandatory publishes, routed it to a queue).
 #[derive(Clone)]
 pub struct Publisher {
-    /// Shared: every publish's future holds a clone, one increment of an `Arc` rather than a
-    /// clone of each of lapin's `Channel` parts.
-    channel: Arc<Channel>,
+    /// The channel publishes go to, shared by every clone: replaced by a new one on the same
+    /// connection when the broker closes it over one message (see [`Publisher::reopening`]).
+    /// Every publish's future holds a clone of the `Arc`, one increment rather than a clone of
+    /// each of lapin's `Channel` parts.
+    channel: Arc<RwLock<Arc<Channel>>>,
+    /// The largest body the broker takes, learned from its first refusal (`usize::MAX` until
+    /// then): a larger body is refused here, before it closes the channel for everyone.
+    max_body: Arc<AtomicUsize>,
+    /// The connection to open a channel again on; `None` for a publisher whose channel
+    /// closing ends it.
+    reopen: Option<Arc<Reopen>>,
     blocked: watch::Receiver<Option<String>>,
     /// Set when the session this publisher belongs to is over: publishes still waiting then
     /// fail at once instead of at their timeout (lapin may leave a confirm of a channel the
@@ -441,6 +479,17 @@ pub struct Publisher {
     /// The topology this publisher declares again when a publish to it comes back unroutable;
     /// `None` for a publisher that leaves the topology alone.
     healer: Option<Arc<Healer>>,
+}
+
+/// What opening a publisher's channel again takes: its connection, and one reopening at a
+/// time (every publish that saw the channel close asks for it).
+struct Reopen {
+    connection: Arc<Connection>,
+    lock: tokio::sync::Mutex<()>,
+    /// The address of the channel a refusal over a body's size closed, until it is replaced
+    /// (0: none): that channel is opened again, any other the broker closes ends the session
+    /// (a publish to a deleted exchange: the next session declares it again).
+    refused: AtomicUsize,
 }
 
 /// Declares a namespace's topology again after a returned publish, at most once per
@@ -471,21 +520,35 @@ impl Publisher {
     /// Opens a channel on `connection` and switches it to confirm mode.
     pub async fn open(connection: &Connection) -> Result<Publisher, BrokerError> {
         let blocked = blocked_state(connection);
-        let channel = within("channel.open", &blocked, connection.create_channel()).await?;
-        within(
-            "confirm.select",
-            &blocked,
-            channel.confirm_select(ConfirmSelectOptions::default()),
-        )
-        .await?;
+        let channel = confirming_channel(connection, &blocked).await?;
         let ended = watch::channel(false).0;
         let in_flight = InFlight::spawn(ended.subscribe());
         Ok(Publisher {
-            channel: Arc::new(channel),
+            channel: Arc::new(RwLock::new(Arc::new(channel))),
+            max_body: Arc::new(AtomicUsize::new(usize::MAX)),
+            reopen: None,
             blocked,
             ended: Arc::new(ended),
             in_flight,
             healer: None,
+        })
+    }
+
+    /// A publisher on `connection` that opens its channel again when the broker closes it
+    /// over one message's own fault (a body over its `max_message_size`): that message is
+    /// refused ([`BrokerError::TooLarge`], as is every later one that large, before it is
+    /// sent), the others on the channel at that moment fail once and are retried, and the
+    /// session goes on instead of ending for everyone.
+    pub async fn reopening(connection: Arc<Connection>) -> Result<Publisher, BrokerError> {
+        let publisher = Publisher::open(&connection).await?;
+        let reopen = Reopen {
+            connection,
+            lock: tokio::sync::Mutex::new(()),
+            refused: AtomicUsize::new(0),
+        };
+        Ok(Publisher {
+            reopen: Some(Arc::new(reopen)),
+            ..publisher
         })
     }
 
@@ -511,14 +574,28 @@ impl Publisher {
     }
 
     /// The underlying channel (for declarations).
-    pub fn channel(&self) -> &Channel {
-        &self.channel
+    pub fn channel(&self) -> Arc<Channel> {
+        // A panic while the lock was held cannot leave the `Arc` half-written.
+        let current = self.channel.read().unwrap_or_else(|e| e.into_inner());
+        current.clone()
     }
 
-    /// Whether this publisher can still publish: its channel is open and the task that polls
-    /// its publishes runs.
+    /// Whether this publisher can still publish: its channel is open (or, for a reopening
+    /// publisher, a refusal over a body's size closed it and it is being opened again on a
+    /// connection still open) and the task that polls its publishes runs.
     pub fn can_publish(&self) -> bool {
-        self.channel.status().connected() && self.in_flight.running()
+        let channel = self.channel();
+        let open = channel.status().connected()
+            || self.reopen.as_ref().is_some_and(|reopen| {
+                reopen.refused.load(Ordering::Relaxed) == address(&channel)
+                    && reopen.connection.status().connected()
+            });
+        open && self.in_flight.running()
+    }
+
+    /// The largest body the broker takes, once a refusal has named it.
+    pub fn max_body(&self) -> Option<usize> {
+        Some(self.max_body.load(Ordering::Relaxed)).filter(|&limit| limit != usize::MAX)
     }
 
     /// Whether the broker blocks this publisher's connection, and why.
@@ -550,7 +627,7 @@ impl Publisher {
             .await;
         match published {
             Err(BrokerError::Unroutable { .. }) => {
-                healer.declare_again(&self.channel).await?;
+                healer.declare_again(&self.channel()).await?;
                 self.publish_once(exchange, routing_key, body, properties)
                     .await
             }
@@ -569,8 +646,15 @@ impl Publisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
+        let size = body.len();
         let (exchange_name, key) = (short(exchange)?, short(routing_key)?);
-        let (channel, body) = (self.channel.clone(), body.to_vec());
+        let limit = self.max_body.load(Ordering::Relaxed);
+        if body.len() > limit {
+            let size = body.len();
+            return Err(BrokerError::TooLarge { size, limit });
+        }
+        let sent_on = self.channel();
+        let (channel, body) = (sent_on.clone(), body.to_vec());
         let properties = properties.with_delivery_mode(2);
         let publish = Box::pin(async move {
             channel
@@ -588,7 +672,10 @@ impl Publisher {
         };
         // One timeout for the frames' write and the confirm: the write is queued at once
         // (a blocked connection does not count), so the wait is the confirm's, as before.
-        let confirmation = within("publish", &self.blocked, confirmed).await?;
+        let confirmation = match within("publish", &self.blocked, confirmed).await {
+            Err(BrokerError::Amqp(e)) => return Err(self.after_error(e, &sent_on, size).await),
+            confirmation => confirmation?,
+        };
         match confirmation {
             Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
             Confirmation::Ack(Some(_)) => Err(BrokerError::Unroutable {
@@ -600,6 +687,85 @@ impl Publisher {
             }),
         }
     }
+
+    /// What a publish of `size` bytes on `channel` that failed with `error` came to. A
+    /// refusal over the body's size (the broker closes the channel for it, failing every
+    /// publish waiting there) teaches the limit; the body over it is refused for good, the
+    /// others fail as the channel did and are retried. A reopening publisher opens a channel
+    /// again first, so that the retries find one; a channel the broker closed for another
+    /// reason is left closed.
+    async fn after_error(
+        &self,
+        error: lapin::Error,
+        channel: &Arc<Channel>,
+        size: usize,
+    ) -> BrokerError {
+        let limit = size_limit(&error);
+        if let Some(limit) = limit {
+            let before = self.max_body.fetch_min(limit, Ordering::Relaxed);
+            if before > limit {
+                tracing::warn!(
+                    limit,
+                    "rabbitmq refused a message over its max_message_size; \
+                    larger bodies are refused before they are published"
+                );
+            }
+            if let Some(reopen) = &self.reopen {
+                reopen.refused.store(address(channel), Ordering::Relaxed);
+            }
+        }
+        let refused = self
+            .reopen
+            .as_ref()
+            .is_some_and(|reopen| reopen.refused.load(Ordering::Relaxed) == address(channel));
+        if refused && !channel.status().connected() {
+            self.reopen_after(channel).await;
+        }
+        match limit {
+            Some(limit) if size > limit => BrokerError::TooLarge { size, limit },
+            _ => BrokerError::Amqp(error),
+        }
+    }
+
+    /// Opens the channel again after `closed`, which a refusal over a body's size closed,
+    /// unless another publish has done it already. When that fails (the connection is going
+    /// too), the session ends, as it would without reopening.
+    async fn reopen_after(&self, closed: &Arc<Channel>) {
+        let Some(reopen) = &self.reopen else { return };
+        let _one_at_a_time = reopen.lock.lock().await;
+        let current = self.channel();
+        if !Arc::ptr_eq(&current, closed) && current.status().connected() {
+            return;
+        }
+        match confirming_channel(&reopen.connection, &self.blocked).await {
+            Ok(channel) => {
+                *self.channel.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(channel);
+                reopen.refused.store(0, Ordering::Relaxed);
+                tracing::info!("the broker closed the publishing channel; opened another");
+            }
+            Err(e) => tracing::warn!(error = %e, "could not open the publishing channel again"),
+        }
+    }
+}
+
+/// A channel's identity while it is shared (its allocation's address).
+fn address(channel: &Arc<Channel>) -> usize {
+    Arc::as_ptr(channel) as usize
+}
+
+/// A channel on `connection` in confirm mode.
+async fn confirming_channel(
+    connection: &Connection,
+    blocked: &watch::Receiver<Option<String>>,
+) -> Result<Channel, BrokerError> {
+    let channel = within("channel.open", blocked, connection.create_channel()).await?;
+    within(
+        "confirm.select",
+        blocked,
+        channel.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?;
+    Ok(channel)
 }
 
 /// Properties for a JSON message with the given id and string headers.
@@ -706,6 +872,20 @@ mod tests {
         assert_eq!(delay_tier(at(0), at(29)), 5_000);
         assert_eq!(delay_tier(at(0), at(7_200)), 3_600_000);
         assert_eq!(delay_tier(at(0), at(7 * 86_400)), 86_400_000);
+    }
+
+    #[test]
+    fn a_refusal_over_the_body_size_names_the_brokers_limit() {
+        use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPSoftError};
+        let refusal = |text: &str| -> lapin::Error {
+            let kind = AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED);
+            lapin::ErrorKind::ProtocolError(AMQPError::new(kind, text.into())).into()
+        };
+        let size = "PRECONDITION_FAILED - message size 217346 is larger than configured max \
+                    size 131072";
+        assert_eq!(size_limit(&refusal(size)), Some(131_072));
+        let other = "PRECONDITION_FAILED - invalid expiration 'x'";
+        assert_eq!(size_limit(&refusal(other)), None);
     }
 
     #[test]

@@ -90,7 +90,7 @@ async fn session(
 ) -> Result<(), BrokerError> {
     let consuming = broker::connect(&settings.amqp, "sendquota-worker-consume").await?;
     let publishing = match broker::connect(&settings.amqp, "sendquota-worker-publish").await {
-        Ok(c) => c,
+        Ok(c) => Arc::new(c),
         Err(e) => {
             close(&consuming).await;
             return Err(e);
@@ -127,9 +127,9 @@ async fn consume(
     stall: bool,
     stop: &mut watch::Receiver<bool>,
     consuming: &Connection,
-    publishing: &Connection,
+    publishing: &Arc<Connection>,
 ) -> Result<(), BrokerError> {
-    let publisher = Publisher::open(publishing)
+    let publisher = Publisher::reopening(publishing.clone())
         .await?
         .healing(pipeline.steps.names.clone(), settings.amqp.queue_type);
     let channel = broker::timed("channel.open", consuming.create_channel()).await?;
@@ -160,6 +160,7 @@ async fn consume(
     watchdog.tick().await;
     let mut channel_check = tokio::time::interval(CHANNEL_CHECK);
     let mut delivered = false;
+    let mut publisher_down = false;
     let result = loop {
         let paused = blocked.borrow().is_some();
         tokio::select! {
@@ -169,9 +170,13 @@ async fn consume(
                 if !channel.status().connected() {
                     break Err(BrokerError::ChannelClosed("consuming"));
                 }
-                if !publisher.can_publish() {
+                // Closed on two checks in a row: a channel the broker closed over one
+                // message's size is being opened again (see `Publisher::reopening`).
+                let down = !publisher.can_publish();
+                if down && publisher_down {
                     break Err(BrokerError::ChannelClosed("publishing"));
                 }
+                publisher_down = down;
             }
             _ = watchdog.tick() => {
                 // Idle is fine when the broker blocks publishing, or when the deliveries in

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sendquota::clock::ManualClock;
 use sendquota::failpoint::{Failpoint, SLOW_IDS_HOLD};
-use sendquota::internals::broker;
+use sendquota::internals::broker::{self, Publisher};
 use sendquota::internals::dedup::DispatchMarks;
 use sendquota::internals::digest::{self, COUNT_HEADER};
+use support::private::PrivateRabbit;
 use support::{local, request, TestEnv, OUTCOME_TIMEOUT};
 
 /// One message a day to each recipient; the others are held for the next day's digest. The
@@ -52,8 +53,13 @@ impl Sent {
 
 /// Splits what was dispatched since the last call into single messages' ids and digests.
 async fn dispatched(env: &TestEnv) -> (Vec<String>, Vec<Sent>) {
+    split(env.drain(&env.dispatched_queue).await)
+}
+
+/// Dispatched messages as single messages' ids and digests.
+fn split(messages: Vec<lapin::message::BasicGetMessage>) -> (Vec<String>, Vec<Sent>) {
     let (mut singles, mut digests) = (Vec::new(), Vec::new());
-    for m in env.drain(&env.dispatched_queue).await {
+    for m in messages {
         let body: serde_json::Value =
             serde_json::from_slice(&m.delivery.data).expect("dispatched body is JSON");
         match broker::header(&m.delivery.properties, COUNT_HEADER) {
@@ -793,6 +799,22 @@ async fn held_messages_larger_together_than_the_digest_bound_go_out_as_several_d
     assert_eq!(env.denial_rows().await, 0);
 }
 
+/// The digest [`hold_four_large`] binds its messages to.
+const PENDING: &str = "digest:daily:hank::1";
+
+/// Holds four requests of about 40 KB to hank in the digest [`PENDING`], admitted and not yet
+/// sent (about 160 KB together: over the default bound and the broker's limit); their ids,
+/// oldest first.
+async fn hold_four_large(env: &TestEnv, now: DateTime<Utc>) -> Vec<String> {
+    let big: Vec<String> = (0..4).map(|n| format!("h-{n}")).collect();
+    for id in &big {
+        let mut body = request(id, "hank", "UTC");
+        body["payload"] = serde_json::json!({"template": "t", "text": "x".repeat(40_000)});
+        hold(env, &body, Some(PENDING), now).await;
+    }
+    big
+}
+
 /// A digest admitted while the bound was larger (or before there was one) and not yet sent
 /// when the worker starts: the items past the bound go back to their group, whose next digest
 /// (the day's send) carries them, so no digest the worker publishes is over the bound.
@@ -801,13 +823,7 @@ async fn a_pending_digest_over_the_bound_sends_what_fits_and_returns_the_rest_to
     let mut env = TestEnv::with_config(DAILY_DIGEST).await;
     let bound = env.settings.worker.max_digest_bytes;
     let now = local("UTC", "2026-02-03 09:00");
-    let pending = "digest:daily:hank::1";
-    let big: Vec<String> = (0..4).map(|n| format!("h-{n}")).collect();
-    for id in &big {
-        let mut body = request(id, "hank", "UTC");
-        body["payload"] = serde_json::json!({"template": "t", "text": "x".repeat(40_000)});
-        hold(&env, &body, Some(pending), now).await;
-    }
+    let (pending, big) = (PENDING, hold_four_large(&env, now).await);
     env.start_worker(&ManualClock::new(now));
     let sent = digests(&env, 2).await;
     let sizes: Vec<usize> = sent.iter().map(|s| s.bytes).collect();
@@ -824,4 +840,118 @@ async fn a_pending_digest_over_the_bound_sends_what_fits_and_returns_the_rest_to
     assert!(held(&env).await.is_empty());
     env.stop_worker().await;
     assert_eq!(env.denial_rows().await, 0);
+}
+
+/// A digest bound above the broker's own `max_message_size` (a broker set lower than the
+/// worker was told): the broker refuses the first digest, closing the channel it came on. The
+/// worker learns the limit from the refusal, opens another channel on the same connection and
+/// sends the digest in parts that fit. The session goes on for everyone else: no connection
+/// of the worker's is opened again, and requests decided meanwhile are dispatched once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_the_broker_refuses_as_too_large_goes_out_in_parts_and_the_session_goes_on() {
+    let conf = format!("max_message_size = {BROKER_MAX_MESSAGE_SIZE}\n");
+    let rabbit = tokio::task::spawn_blocking(move || PrivateRabbit::start_with(&conf))
+        .await
+        .expect("private rabbitmq");
+    let mut env = TestEnv::with_config(DAILY_DIGEST).await;
+    env.settings.amqp.url = rabbit.url();
+    env.settings.worker.max_digest_bytes = 4 * BROKER_MAX_MESSAGE_SIZE;
+    let conn = broker::connect(&env.settings.amqp, "sendquota-test")
+        .await
+        .expect("private rabbitmq answers");
+    let publisher = Publisher::open(&conn).await.expect("publisher");
+    broker::declare(
+        &publisher.channel(),
+        &env.names,
+        env.settings.amqp.queue_type,
+    )
+    .await
+    .expect("declare topology");
+    let sink = format!("{}.test.private-dispatched", env.namespace);
+    let channel = conn.create_channel().await.expect("channel");
+    support::declare_sink(&channel, &sink, &env.names.dispatch).await;
+
+    let now = local("UTC", "2026-02-03 09:00");
+    let big = hold_four_large(&env, now).await;
+    env.start_worker(&ManualClock::new(now));
+    let others: Vec<String> = (0..20).map(|n| format!("o-{n}")).collect();
+    for (n, id) in others.iter().enumerate() {
+        let body = request(id, &format!("olga-{n}"), "UTC").to_string();
+        publisher
+            .publish(&env.names.requests, "", body.as_bytes(), Default::default())
+            .await
+            .expect("publish a request");
+    }
+    let connections = || worker_connections(&rabbit);
+    let at_start = wait_for(|| Some(connections()).filter(|c| c.len() == 2)).await;
+
+    let (mut singles, mut sent) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    while sent.len() < 2 || singles.len() < others.len() {
+        assert!(
+            Instant::now() < deadline,
+            "2 digests and {} requests dispatched within {OUTCOME_TIMEOUT:?}: {} and {:?}",
+            others.len(),
+            sent.len(),
+            singles
+        );
+        let (s, d) = split(support::drain(&channel, &sink).await);
+        singles.extend(s);
+        sent.extend(d);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sizes: Vec<usize> = sent.iter().map(|s| s.bytes).collect();
+    assert!(
+        sizes.iter().all(|&b| b <= BROKER_MAX_MESSAGE_SIZE),
+        "every digest within the broker's {BROKER_MAX_MESSAGE_SIZE} bytes: {sizes:?}"
+    );
+    assert_eq!(
+        sent.iter().map(Sent::ids).collect::<Vec<_>>(),
+        [big[..3].to_vec(), big[3..].to_vec()],
+        "the oldest three in the pending digest, the last in the group's next"
+    );
+    singles.sort_unstable();
+    let mut expected = others.clone();
+    expected.sort_unstable();
+    assert_eq!(singles, expected, "every request dispatched once");
+    assert_eq!(
+        connections(),
+        at_start,
+        "the worker kept the connections it started with"
+    );
+    env.stop_worker().await;
+    let _ = conn.close(200, "done".into()).await;
+}
+
+/// The worker's connections to `rabbit`, by name and when they were opened.
+fn worker_connections(rabbit: &PrivateRabbit) -> Vec<String> {
+    let listed = rabbit
+        .ctl_output(&[
+            "list_connections",
+            "name",
+            "connected_at",
+            "client_properties",
+            "--no-table-headers",
+            "-q",
+        ])
+        .unwrap_or_default();
+    let mut connections: Vec<String> = listed
+        .lines()
+        .filter(|l| l.contains("sendquota-worker"))
+        .map(str::to_owned)
+        .collect();
+    connections.sort_unstable();
+    connections
+}
+
+/// Polls `probe` until it returns something, for up to [`OUTCOME_TIMEOUT`].
+async fn wait_for<T>(mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + OUTCOME_TIMEOUT;
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "not within {OUTCOME_TIMEOUT:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

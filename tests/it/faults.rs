@@ -171,7 +171,7 @@ async fn ten_thousand_messages_survive_restarts_of_every_service_and_a_killed_wo
         .await
         .expect("amqp");
     let publisher = Publisher::open(&conn).await.expect("publisher");
-    broker::declare(publisher.channel(), &names, QueueType::Quorum)
+    broker::declare(&publisher.channel(), &names, QueueType::Quorum)
         .await
         .expect("declare");
     let ch = conn.create_channel().await.expect("channel");

@@ -221,7 +221,7 @@ async fn a_memory_alarm_pauses_the_worker_until_it_clears_and_nothing_is_sent_tw
         .await
         .expect("private rabbitmq");
     let publisher = Publisher::open(&conn).await.expect("publisher");
-    broker::declare(publisher.channel(), &env.names, QueueType::Quorum)
+    broker::declare(&publisher.channel(), &env.names, QueueType::Quorum)
         .await
         .expect("declare");
     let sink = lapin_connect_to(&rabbit.url()).await;

@@ -271,7 +271,7 @@ async fn dispatch_and_deny_over_tls(mutual: bool, cluster: bool) {
         .await
         .expect("the TLS broker answers over TLS");
     let publisher = Publisher::open(&conn).await.expect("publisher");
-    broker::declare(publisher.channel(), &names, QueueType::Quorum)
+    broker::declare(&publisher.channel(), &names, QueueType::Quorum)
         .await
         .expect("declare");
     let sink = format!("{namespace}.test.dispatched");

@@ -64,7 +64,7 @@ pub struct Rule {
     #[serde(skip_serializing_if = "OnUnavailable::is_wait")]
     pub on_unavailable: OnUnavailable,
     /// The attribute key a `digest` rule groups held messages by, beside the recipient and
-    /// the rule (see [`crate::digest`]): one digest per campaign, say. `None` groups by
+    /// the rule (see [`crate::act::digest`]): one digest per campaign, say. `None` groups by
     /// recipient and rule alone, and always for other rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digest_by: Option<String>,
@@ -126,7 +126,7 @@ pub enum OnDeny {
     /// Record a would-be denial but dispatch anyway (a rule on trial).
     Shadow,
     /// Hold the message, and send every message it held to the recipient as one digest once
-    /// the rule has room again (see [`crate::digest`]).
+    /// the rule has room again (see [`crate::act::digest`]).
     Digest,
 }
 

@@ -246,7 +246,7 @@ impl TestEnv {
             .unwrap_or_else(|e| unreachable(&e));
         let publisher = Publisher::open(&broker).await.expect("amqp publisher");
         let names = Names::new(&namespace);
-        broker::declare(publisher.channel(), &names, settings.amqp.queue_type)
+        broker::declare(&publisher.channel(), &names, settings.amqp.queue_type)
             .await
             .expect("declare topology");
         let dispatched_queue = format!("{namespace}.test.dispatched");
@@ -539,16 +539,7 @@ impl TestEnv {
 
     /// Takes every message waiting in `queue`.
     pub async fn drain(&self, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
-        let mut out = Vec::new();
-        while let Some(m) = self
-            .channel
-            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic_get")
-        {
-            out.push(m);
-        }
-        out
+        drain(&self.channel, queue).await
     }
 
     /// Ids of the messages dispatched since the last call.
@@ -794,6 +785,20 @@ pub async fn refuse_denials_of(pool: &PgPool, recipients: &str, sqlstate: &str, 
     .execute(pool)
     .await
     .expect("the refusing trigger");
+}
+
+/// Every message waiting in `queue` on `channel`, taken off it (on any broker).
+pub async fn drain(channel: &Channel, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
+    let mut out = Vec::new();
+    let get = BasicGetOptions { no_ack: true };
+    while let Some(m) = channel
+        .basic_get(queue.into(), get)
+        .await
+        .expect("basic_get")
+    {
+        out.push(m);
+    }
+    out
 }
 
 /// Declares `queue` (durable) and binds it to `exchange` with `#`: every message published there

@@ -99,6 +99,24 @@ impl PrivateRedis {
             "redis-server",
         );
         wait_for_port(self.port, Duration::from_secs(10), "redis-server");
+        // Listening is not serving: while it reads its append-only file back it answers every
+        // command with LOADING, which a test would take for the outage it just ended.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.answers_ping() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not finish loading",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn answers_ping(&self) -> bool {
+        Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "ping"])
+            .output()
+            .is_ok_and(|out| out.stdout.starts_with(b"PONG"))
     }
 
     pub fn url(&self) -> String {
@@ -337,6 +355,12 @@ pub struct PrivateRabbit {
 
 impl PrivateRabbit {
     pub fn start() -> PrivateRabbit {
+        PrivateRabbit::start_with("")
+    }
+
+    /// A node whose rabbitmq.conf has `conf` (lines of its sysctl format) besides the
+    /// listener: a broker set up differently from the shared one.
+    pub fn start_with(conf: &str) -> PrivateRabbit {
         let dir = scratch("sqrmq");
         let port = free_port();
         let rabbit = PrivateRabbit {
@@ -353,7 +377,7 @@ impl PrivateRabbit {
         std::fs::write(rabbit.dir.join("enabled_plugins"), "[].").expect("plugins file");
         std::fs::write(
             rabbit.dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"),
+            format!("listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n{conf}"),
         )
         .expect("rabbitmq.conf");
         chown(&rabbit.dir, "rabbitmq");
