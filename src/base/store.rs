@@ -12,7 +12,9 @@
 //! included: a message that fails open (`on_unavailable = "allow"`) goes out that soon, and the
 //! messages to its recipient queued behind it each as soon. See [`SingleServer`] for how.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -151,7 +153,130 @@ pub enum RedisConn {
     /// A Redis Cluster; keys of one scope share a hash tag and so a slot. Its calls are
     /// bounded as a whole (retries, redirections and reconnects included) by the response
     /// timeout, redis-rs's `overall_response_timeout`.
-    Cluster(ClusterConnection),
+    Cluster(ClusterServer),
+}
+
+/// A Redis Cluster's connection: redis-rs's cluster-async connection, opened anew when no call
+/// on it has been answered for [`ClusterServer::stuck_after`] while calls were made.
+///
+/// redis-rs 1.8's cluster connection can stop for good at a failover under load: while it
+/// refreshes the slot map it polls nothing else, and the refresh waits for the write half of
+/// a lock (a fair tokio `RwLock`) that was already handed to a request or a reconnect that is
+/// no longer polled. Every call then times out, on every shard, until the process restarts
+/// (docs/guarantees.md has the minimal case). Its API offers no way to reset the connection,
+/// so a stuck one is replaced by a new one from the same client; calls made meanwhile fail as
+/// while any Redis is away. A cluster with one shard down still answers on the others, and is
+/// left alone.
+#[derive(Clone)]
+pub struct ClusterServer {
+    shared: Arc<ClusterShared>,
+}
+
+/// What every clone of a [`ClusterServer`] shares.
+struct ClusterShared {
+    client: ClusterClient,
+    current: RwLock<ClusterConnection>,
+    /// When a call was last answered, in milliseconds since `origin`.
+    answered_ms: AtomicU64,
+    origin: Instant,
+    /// Set while a new connection is being opened: one at a time.
+    reopening: AtomicBool,
+    stuck_after: Duration,
+    timeout: Duration,
+}
+
+impl ClusterServer {
+    /// The shortest silence after which a connection counts as stuck: two response timeouts,
+    /// and at least 2 s, so that calls in flight when a master dies (they time out) do not
+    /// count while the other shards answer.
+    pub fn stuck_after(timeout: Duration) -> Duration {
+        (timeout * 2).max(Duration::from_secs(2))
+    }
+
+    /// The connection calls go to now (for commands routed by hand: every master, a node).
+    pub fn connection(&self) -> ClusterConnection {
+        // A panic while the lock was held cannot leave the connection half-written.
+        let current = self
+            .shared
+            .current
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        current.clone()
+    }
+
+    /// Notes how a call ended: an answer of any kind shows the connection works; a timeout
+    /// after [`ClusterServer::stuck_after`] without one opens a new connection beside the
+    /// calls.
+    fn observe<T>(&self, reply: &RedisResult<T>) {
+        let shared = &self.shared;
+        let now_ms = u64::try_from(shared.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match reply {
+            Err(e) if e.is_timeout() => {
+                let silent = now_ms.saturating_sub(shared.answered_ms.load(Ordering::Relaxed));
+                if Duration::from_millis(silent) >= shared.stuck_after
+                    && !shared.reopening.swap(true, Ordering::AcqRel)
+                {
+                    tokio::spawn(self.clone().reopen(silent));
+                }
+            }
+            _ => shared.answered_ms.store(now_ms, Ordering::Relaxed),
+        }
+    }
+
+    /// Replaces the connection by a new one, after `silent_ms` without an answer.
+    async fn reopen(self, silent_ms: u64) {
+        let shared = &self.shared;
+        let opened = tokio::time::timeout(shared.timeout * 2, shared.client.get_async_connection());
+        match opened.await {
+            Ok(Ok(connection)) => {
+                *shared.current.write().unwrap_or_else(|e| e.into_inner()) = connection;
+                tracing::warn!(
+                    silent_ms,
+                    "no Redis Cluster call was answered for a while; \
+                    opened a new cluster connection"
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not open a new Redis Cluster connection")
+            }
+            Err(_) => tracing::warn!("opening a new Redis Cluster connection timed out"),
+        }
+        let now_ms = u64::try_from(shared.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // The next attempt waits for another silence as long.
+        shared.answered_ms.store(now_ms, Ordering::Relaxed);
+        shared.reopening.store(false, Ordering::Release);
+    }
+}
+
+impl ConnectionLike for ClusterServer {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let mut connection = self.connection();
+        Box::pin(async move {
+            let reply = connection.req_packed_command(cmd).await;
+            self.observe(&reply);
+            reply
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let mut connection = self.connection();
+        Box::pin(async move {
+            let replies = connection
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            self.observe(&replies);
+            replies
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.connection().get_db()
+    }
 }
 
 /// A single server's connection: redis-rs's `ConnectionManager`, reconnecting with one connect
@@ -273,7 +398,19 @@ impl RedisConn {
             builder = builder.certs(settings.tls.redis().map_err(tls_error)?);
         }
         let client = builder.build()?;
-        Ok(RedisConn::Cluster(client.get_async_connection().await?))
+        let connection = client.get_async_connection().await?;
+        let shared = ClusterShared {
+            client,
+            current: RwLock::new(connection),
+            answered_ms: AtomicU64::new(0),
+            origin: Instant::now(),
+            reopening: AtomicBool::new(false),
+            stuck_after: ClusterServer::stuck_after(timeout),
+            timeout,
+        };
+        Ok(RedisConn::Cluster(ClusterServer {
+            shared: Arc::new(shared),
+        }))
     }
 }
 

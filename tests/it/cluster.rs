@@ -100,7 +100,7 @@ async fn forget_scripts(conn: &RedisConn) {
             let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             let mut flush = redis::cmd("SCRIPT");
             flush.arg("FLUSH");
-            c.clone()
+            c.connection()
                 .route_command(flush, all)
                 .await
                 .expect("SCRIPT FLUSH on every master");

@@ -12,6 +12,7 @@ mod bucket_kinds_model;
 mod calendar_quota_model;
 mod cli;
 mod cluster;
+mod cluster_failover;
 mod config_fixtures;
 mod console;
 mod console_login;

@@ -931,7 +931,7 @@ pub async fn all_keys(conn: &RedisConn, pattern: &str) -> redis::RedisResult<Vec
             use redis::cluster_routing::{
                 MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo,
             };
-            let mut c = c.clone();
+            let mut c = c.connection();
             let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             let redis::Value::Map(nodes) = c.route_command(redis::cmd("DBSIZE"), all).await? else {
                 return Ok(Vec::new());

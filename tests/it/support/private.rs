@@ -145,6 +145,32 @@ impl PrivateRedis {
     pub fn start_again(&self) {
         self.launch();
     }
+
+    /// Kills the server with SIGKILL: a machine lost, nothing written on the way out.
+    pub fn kill(&self) {
+        let info = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "info", "server"])
+            .output()
+            .expect("redis-cli");
+        let text = String::from_utf8_lossy(&info.stdout);
+        let pid = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .expect("the server's process id")
+            .trim()
+            .to_owned();
+        run(Command::new("kill").args(["-9", &pid]), "kill -9");
+    }
+
+    /// What `ROLE` says this server is: `master` or `slave`.
+    pub fn role(&self) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "role"])
+            .output()
+            .expect("redis-cli");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines().next().unwrap_or_default().trim().to_owned()
+    }
 }
 
 impl Drop for PrivateRedis {
@@ -156,26 +182,41 @@ impl Drop for PrivateRedis {
     }
 }
 
-/// A private Redis Cluster of three masters without replicas, whose nodes a test stops and
-/// starts again: a stopped master's slots have no server, the others keep serving theirs (the
-/// node timeout is long enough that none is declared failed meanwhile).
+/// A private Redis Cluster of three masters, whose nodes a test stops and starts again. Without
+/// replicas ([`PrivateRedisCluster::start`]) a stopped master's slots have no server, the
+/// others keep serving theirs (the node timeout is long enough that none is declared failed
+/// meanwhile); with one replica each ([`PrivateRedisCluster::start_with_replicas`]) a lost
+/// master's replica takes over within about 2 s.
 pub struct PrivateRedisCluster {
+    /// The masters first, then their replicas.
     pub nodes: Vec<PrivateRedis>,
 }
 
 impl PrivateRedisCluster {
     pub fn start() -> PrivateRedisCluster {
-        let nodes: Vec<PrivateRedis> = (0..3)
+        PrivateRedisCluster::start_with(0, 120_000)
+    }
+
+    /// Three masters with a replica each, failing over after a 1 s node timeout.
+    pub fn start_with_replicas() -> PrivateRedisCluster {
+        PrivateRedisCluster::start_with(1, 1_000)
+    }
+
+    fn start_with(replicas: usize, node_timeout_ms: u64) -> PrivateRedisCluster {
+        let nodes: Vec<PrivateRedis> = (0..3 * (1 + replicas))
             .map(|_| {
                 PrivateRedis::start_with(
                     [
                         "--cluster-enabled",
                         "yes",
                         "--cluster-node-timeout",
-                        "120000",
+                        &node_timeout_ms.to_string(),
                         // The default bus port (port + 10000) may be taken or beyond 65535.
                         "--cluster-port",
                         &free_port().to_string(),
+                        // A replica copies its master at once (the default waits 5 s).
+                        "--repl-diskless-sync-delay",
+                        "0",
                     ]
                     .map(String::from)
                     .to_vec(),
@@ -193,11 +234,51 @@ impl PrivateRedisCluster {
                         .iter()
                         .map(|n| format!("127.0.0.1:{}", n.port)),
                 )
-                .args(["--cluster-replicas", "0", "--cluster-yes"]),
+                .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]),
             "redis-cli --cluster create",
         );
         cluster.wait_ok();
+        cluster.wait_replicas_linked();
         cluster
+    }
+
+    /// Waits until every replica's link to its master is up.
+    fn wait_replicas_linked(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in self.nodes.iter().filter(|n| n.role() == "slave") {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &node.port.to_string(), "info", "replication"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                if info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "replica {} not linked",
+                    node.port
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The replica of the master on `port`.
+    pub fn replica_of(&self, master: &PrivateRedis) -> &PrivateRedis {
+        self.nodes
+            .iter()
+            .find(|n| {
+                let out = Command::new("redis-cli")
+                    .args(["-p", &n.port.to_string(), "role"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                let mut lines = out.lines();
+                lines.next() == Some("slave") && lines.nth(1) == Some(&master.port.to_string())
+            })
+            .expect("a replica of the master")
     }
 
     /// The seed URLs, one a node.
