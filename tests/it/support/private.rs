@@ -244,25 +244,9 @@ impl PrivateRedisCluster {
 
     /// Waits until every replica's link to its master is up.
     fn wait_replicas_linked(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for node in self.nodes.iter().filter(|n| n.role() == "slave") {
-            loop {
-                let info = Command::new("redis-cli")
-                    .args(["-p", &node.port.to_string(), "info", "replication"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
-                if info.contains("master_link_status:up") {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "replica {} not linked",
-                    node.port
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        let replicas: Vec<&PrivateRedis> =
+            self.nodes.iter().filter(|n| n.role() == "slave").collect();
+        wait_until_said(&replicas, &["info", "replication"], "master_link_status:up");
     }
 
     /// The replica of the master on `port`.
@@ -288,21 +272,8 @@ impl PrivateRedisCluster {
 
     /// Waits until every running node says the cluster is ok (every slot served).
     pub fn wait_ok(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for node in &self.nodes {
-            loop {
-                let info = Command::new("redis-cli")
-                    .args(["-p", &node.port.to_string(), "cluster", "info"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
-                if info.contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "cluster on {} not ok", node.port);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+        let all: Vec<&PrivateRedis> = self.nodes.iter().collect();
+        wait_until_said(&all, &["cluster", "info"], "cluster_state:ok");
     }
 
     /// The node serving `key`'s slot.
@@ -336,6 +307,31 @@ impl PrivateRedisCluster {
                 })
             })
             .expect("a node serves every slot")
+    }
+}
+
+/// Waits (up to 20 s) until `redis-cli <args>` on each of `nodes` prints `said`.
+fn wait_until_said(nodes: &[&PrivateRedis], args: &[&str], said: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for node in nodes {
+        loop {
+            let out = Command::new("redis-cli")
+                .arg("-p")
+                .arg(node.port.to_string())
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            if out.contains(said) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-cli {args:?} on {} did not say {said}",
+                node.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
