@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod console;
+pub mod openapi;
 pub mod quarantine;
 pub mod replay;
 pub mod service;

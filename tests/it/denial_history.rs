@@ -184,13 +184,10 @@ fn row(
         rule: rule.to_owned(),
         kind: "calendar_quota".to_owned(),
         reason: "test".to_owned(),
-        shadow: false,
-        retry_after: None,
         message: serde_json::json!({ "id": id }).to_string().into(),
         denied_at,
         replay_of,
-        expires_at: None,
-        unchecked: false,
+        ..DenialRow::default()
     }
 }
 

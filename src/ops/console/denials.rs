@@ -12,6 +12,7 @@ use serde::Deserialize;
 use super::ConsoleState;
 use super::{local, render, utc, ConsoleError, Layout, Params, Session};
 use crate::ops::service::DenialQuery;
+use crate::record::denials::columns::{Console, COLUMNS};
 use crate::record::denials::Denial;
 
 /// The page size when the form asks for none: a screenful, and quick to render.
@@ -187,6 +188,16 @@ impl Row {
     /// The recipient's zone's name.
     pub fn zone(&self) -> &str {
         self.zone.name()
+    }
+
+    /// The columns the denial's page lists after those its template shows in places of their
+    /// own ([`Console::Listed`]), name and cell: a new column is on the page as it is added.
+    pub fn listed(&self) -> Vec<(&'static str, String)> {
+        COLUMNS
+            .iter()
+            .filter(|c| c.console == Console::Listed)
+            .map(|c| (c.name, c.cell(&self.d).into_owned()))
+            .collect()
     }
 }
 

@@ -3,8 +3,9 @@
 //! A denial row is written before its message is acked, so a denial is never lost; the unique
 //! event index makes the write idempotent, so a redelivered message adds no second row.
 
-mod columns;
+pub mod columns;
 mod query;
+mod sql;
 mod writer;
 
 use std::time::Duration;
@@ -90,8 +91,9 @@ impl DenialError {
 
 /// A denial row: the one shape of a denial, written by the worker and read by operators (as
 /// [`Denial`], which adds what Postgres assigns). Its columns are listed once, in
-/// [`columns::WRITTEN`], for the insert and for every read.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+/// [`columns::COLUMNS`], from which the statements and every output are built. `Default` is
+/// for struct update: [`DenialRow::for_message`] and tests name only what they set.
+#[derive(Debug, Clone, PartialEq, Default, sqlx::FromRow)]
 pub struct DenialRow {
     /// The producer's message id.
     pub message_id: String,
@@ -129,29 +131,24 @@ pub struct DenialRow {
 impl DenialRow {
     /// A row for `message` denied at `denied_at`, taking the message's fields; the caller sets
     /// the refusal's (rule, kind, reason, shadow, retry_after, replay_of) with struct update
-    /// syntax (and the deadline, `expires_at`), the others left empty here cost no allocation.
+    /// syntax (and the deadline, `expires_at`); the others are their defaults (empty, false,
+    /// none), so a column added to the row needs nothing here.
     pub fn for_message(message: &SendRequest, denied_at: DateTime<Utc>) -> DenialRow {
         DenialRow {
             message_id: message.id.clone(),
             recipient: message.recipient.clone(),
             channel: message.channel.clone(),
             category: message.category.clone(),
-            rule: String::new(),
-            kind: String::new(),
-            reason: String::new(),
-            shadow: false,
-            retry_after: None,
             message: message.to_json_text().into(),
             denied_at,
-            replay_of: None,
-            expires_at: None,
-            unchecked: false,
+            ..DenialRow::default()
         }
     }
 }
 
 /// A recorded denial, as operators see it: its row, with what Postgres assigned and what
-/// happened to it since. Reads as its row ([`Deref`](std::ops::Deref)).
+/// happened to it since. Reads as its row ([`Deref`](std::ops::Deref)); its JSON, one field
+/// per column, is [`columns`]'.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Denial {
     /// Row id; also the keyset pagination cursor.
@@ -176,6 +173,13 @@ impl std::ops::Deref for Denial {
 #[derive(Debug, Clone, PartialEq, sqlx::Type)]
 #[sqlx(transparent)]
 pub struct StoredMessage(String);
+
+impl Default for StoredMessage {
+    /// An empty object: still JSON, as every stored request must be.
+    fn default() -> StoredMessage {
+        StoredMessage("{}".to_owned())
+    }
+}
 
 impl StoredMessage {
     /// The JSON text.
@@ -204,54 +208,6 @@ impl Serialize for StoredMessage {
             serde_json::from_str(self.text()).map_err(serde::ser::Error::custom)?;
         raw.serialize(s)
     }
-}
-
-impl Denial {
-    /// The denial as one JSON object: a `denials --format json` line, an API list item. The
-    /// request is written as stored, so its payload comes back as the producer wrote it.
-    pub fn to_json(&self) -> DenialJson<'_> {
-        let rfc3339 = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
-        DenialJson {
-            id: self.id,
-            message_id: &self.message_id,
-            recipient: &self.recipient,
-            channel: &self.channel,
-            category: &self.category,
-            rule: &self.rule,
-            kind: &self.kind,
-            reason: &self.reason,
-            shadow: self.shadow,
-            unchecked: self.unchecked,
-            denied_at: rfc3339(self.denied_at),
-            retry_after: self.retry_after.map(rfc3339),
-            replayed_at: self.replayed_at.map(rfc3339),
-            replay_of: self.replay_of,
-            expires_at: self.expires_at.map(rfc3339),
-            message: &self.message,
-        }
-    }
-}
-
-/// [`Denial::to_json`]'s shape: the wire format of `denials --format json` and
-/// `GET /v1/denials` (src/ops/openapi.json), field order included.
-#[derive(Debug, Serialize)]
-pub struct DenialJson<'a> {
-    id: i64,
-    message_id: &'a str,
-    recipient: &'a str,
-    channel: &'a str,
-    category: &'a str,
-    rule: &'a str,
-    kind: &'a str,
-    reason: &'a str,
-    shadow: bool,
-    unchecked: bool,
-    denied_at: String,
-    retry_after: Option<String>,
-    replayed_at: Option<String>,
-    replay_of: Option<i64>,
-    expires_at: Option<String>,
-    message: &'a StoredMessage,
 }
 
 /// Handle on the denials table.
@@ -343,7 +299,7 @@ impl DenialStore {
             .unzip();
         // One statement, one implicit transaction. The columns borrow from the rows: nothing
         // is copied before sqlx encodes it.
-        let inserted: columns::Inserted = columns::insert(&unique).fetch_one(&self.pool).await?;
+        let inserted: sql::Inserted = sql::insert(&unique).fetch_one(&self.pool).await?;
         let mut new = vec![false; rows.len()];
         for n in inserted {
             // The insert numbers the batch it was given from 1.
@@ -366,7 +322,7 @@ impl DenialStore {
 
     /// The denial with row id `id`, if there is one (the console's detail page).
     pub async fn get(&self, id: i64) -> Result<Option<Denial>, DenialError> {
-        let q = format!("SELECT {} FROM denials WHERE id = $1", columns::read());
+        let q = format!("SELECT {} FROM denials WHERE id = $1", sql::read());
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(q))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -397,7 +353,7 @@ impl DenialStore {
         let mut tx = self.pool.begin().await?;
         let mut q = sqlx::QueryBuilder::new(format!(
             "SELECT {} FROM denials WHERE {REPLAYABLE}",
-            columns::read()
+            sql::read()
         ));
         filter.push_conditions(&mut q);
         q.push(" AND id > ")
@@ -420,7 +376,7 @@ impl DenialStore {
     ) -> Result<Vec<Denial>, DenialError> {
         let mut q = sqlx::QueryBuilder::new(format!(
             "SELECT {} FROM denials WHERE {REPLAYABLE}",
-            columns::read()
+            sql::read()
         ));
         filter.push_conditions(&mut q);
         q.push(" ORDER BY id LIMIT ").push_bind(limit.max(1));

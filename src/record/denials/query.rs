@@ -44,7 +44,7 @@ impl DenialFilter {
     pub(super) fn build(&self) -> QueryBuilder<Postgres> {
         let mut q = QueryBuilder::new(format!(
             "SELECT {} FROM denials WHERE TRUE",
-            super::columns::read()
+            super::sql::read()
         ));
         self.push_conditions(&mut q);
         if let Some(after) = self.after {

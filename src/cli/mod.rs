@@ -2,14 +2,20 @@
 //!
 //! Exit codes are part of the interface scripts rely on: 0 the command did its job (a deny is a
 //! successful decision), 2 bad input or bad config, 1 a service could not be reached or failed.
+//!
+//! This module holds the commands, their dispatch and the small ones; `denials.rs` the denial
+//! history's (`denials`, `replay`, `prune`) and `queues.rs` those that talk to the broker's
+//! queues (`publish`, `tail`, `quarantine`).
 
-use std::io::{BufRead, Write};
+mod denials;
+mod queues;
+
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Parser, Subcommand, ValueEnum};
-use futures_util::{StreamExt, TryStreamExt};
 
 use crate::base::clock::{Clock, ManualClock, SystemClock};
 use crate::base::config::{ConfigError, LogFormat, LogSettings, Settings};
@@ -17,13 +23,11 @@ use crate::base::failpoint;
 use crate::base::store::RedisConn;
 use crate::decide::limiter::Limiter;
 use crate::intake::broker::{self, Names, Publisher};
-use crate::record::denials::{Denial, DenialFilter, DenialStore};
+use crate::record::denials::DenialStore;
 use crate::request::message::SendRequest;
 use crate::startup;
 
-/// Publishes in flight at once when `publish` sends a file: enough to hide the confirm round
-/// trip, few enough to keep memory flat.
-const PUBLISH_IN_FLIGHT: usize = 256;
+pub use denials::{DenialArgs, FilterArgs, Format, ReplayArgs};
 
 /// sendquota: enforce message-send quotas between producers and senders.
 #[derive(Debug, Parser)]
@@ -163,109 +167,6 @@ pub enum ConfigAction {
     Check,
 }
 
-/// Filters shared by `denials` and `replay`.
-#[derive(Debug, clap::Args)]
-pub struct FilterArgs {
-    /// Only this recipient.
-    #[arg(long)]
-    recipient: Option<String>,
-    /// Only this rule.
-    #[arg(long)]
-    rule: Option<String>,
-    /// Only this channel.
-    #[arg(long)]
-    channel: Option<String>,
-    /// Only this category.
-    #[arg(long)]
-    category: Option<String>,
-    /// Denied at or after: RFC3339, or an age such as 7d, 36h, 90m.
-    #[arg(long)]
-    since: Option<String>,
-    /// Denied before: RFC3339, or an age such as 7d, 36h, 90m.
-    #[arg(long)]
-    until: Option<String>,
-}
-
-impl FilterArgs {
-    fn filter(self, now: DateTime<Utc>) -> Result<DenialFilter, CliError> {
-        Ok(DenialFilter {
-            recipient: self.recipient,
-            rule: self.rule,
-            channel: self.channel,
-            category: self.category,
-            since: self
-                .since
-                .map(|s| parse_since("--since", &s, now))
-                .transpose()?,
-            until: self
-                .until
-                .map(|s| parse_since("--until", &s, now))
-                .transpose()?,
-            ..DenialFilter::default()
-        })
-    }
-}
-
-/// Filters and format of `denials`.
-#[derive(Debug, clap::Args)]
-pub struct DenialArgs {
-    #[command(flatten)]
-    filter: FilterArgs,
-    /// Only shadow denials (true) or only real ones (false).
-    #[arg(long)]
-    shadow: Option<bool>,
-    /// Only unchecked dispatches (true: sent unchecked while Redis was unavailable) or only the
-    /// other rows (false).
-    #[arg(long)]
-    unchecked: Option<bool>,
-    /// Only replayed denials (true) or only unreplayed ones (false).
-    #[arg(long)]
-    replayed: Option<bool>,
-    /// Continue after this denial id (the last id of the previous page).
-    #[arg(long)]
-    after: Option<i64>,
-    /// At most this many rows.
-    #[arg(long, default_value_t = 100)]
-    limit: i64,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    format: Format,
-}
-
-/// What `replay` takes.
-#[derive(Debug, clap::Args)]
-pub struct ReplayArgs {
-    #[command(flatten)]
-    filter: FilterArgs,
-    /// Only denials whose retry_after has passed.
-    #[arg(long)]
-    due: bool,
-    /// List what would be replayed; publish and change nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// At most this many denials.
-    #[arg(long)]
-    limit: Option<usize>,
-    /// At most this many publishes per second: `50/s`, `50`, `300/m`.
-    #[arg(long)]
-    rate: Option<String>,
-    /// Denials claimed per transaction. A crash republishes at most one batch (the quota
-    /// recognises those ids), so the default claims one at a time.
-    #[arg(long, default_value_t = 1)]
-    batch: i64,
-}
-
-/// Output formats of `denials`.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Format {
-    /// Aligned columns for people.
-    Table,
-    /// One JSON object per line.
-    Json,
-    /// Comma-separated values with a header line.
-    Csv,
-}
-
 /// A command's failure, carrying its exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -390,18 +291,20 @@ async fn run(cli: Cli, settings: Settings) -> Result<(), CliError> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Publish { file } => publish(&settings, file).await,
+        Command::Publish { file } => queues::publish(&settings, file).await,
         Command::Check {
             message,
             at,
             commit,
         } => check(&settings, clock, &message, at.as_deref(), commit).await,
-        Command::Denials(args) => denials(&settings, clock, args).await,
+        Command::Denials(args) => denials::denials(&settings, clock, args).await,
         Command::Digests { recipient } => digests(&settings, recipient.as_deref()).await,
-        Command::Replay(args) => replay(&settings, clock, args).await,
-        Command::Prune { older_than } => prune(&settings, clock, &older_than).await,
-        Command::Quarantine { action } => quarantine(&settings, action).await,
-        Command::Tail { channel } => tail(&settings, channel.as_deref().unwrap_or("#")).await,
+        Command::Replay(args) => denials::replay(&settings, clock, args).await,
+        Command::Prune { older_than } => denials::prune(&settings, clock, &older_than).await,
+        Command::Quarantine { action } => queues::quarantine(&settings, action).await,
+        Command::Tail { channel } => {
+            queues::tail(&settings, channel.as_deref().unwrap_or("#")).await
+        }
         Command::Schema => {
             let schema = crate::request::schema::request_schema(settings.worker.max_body_bytes);
             println!("{schema:#}");
@@ -524,113 +427,6 @@ async fn check(
     Ok(())
 }
 
-async fn publish(settings: &Settings, file: Option<PathBuf>) -> Result<(), CliError> {
-    let reader: Box<dyn BufRead> = match file.as_deref() {
-        None => Box::new(std::io::stdin().lock()),
-        Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin().lock()),
-        Some(p) => Box::new(std::io::BufReader::new(std::fs::File::open(p).map_err(
-            |e| CliError::Input(format!("cannot read {}: {e}", p.display())),
-        )?)),
-    };
-    // Validate everything first: a bad line publishes nothing, so a corrected file can simply
-    // be published again.
-    let mut requests = Vec::new();
-    for (index, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| CliError::Input(format!("line {}: {e}", index + 1)))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let request = SendRequest::decode(line.as_bytes(), settings.worker.max_body_bytes)
-            .map_err(|e| CliError::Input(format!("line {}: {e}", index + 1)))?;
-        requests.push((request.id, line));
-    }
-    let names = Names::new(&settings.namespace);
-    let (connection, publisher) = open_publisher(settings, &names, "sendquota-publish").await?;
-    let total = requests.len();
-    let mut sent = 0usize;
-    let mut confirms = futures_util::stream::iter(requests.iter())
-        .map(|(id, line)| {
-            let props = broker::json_properties(Some(id), &[]);
-            publisher.publish(&names.requests, "", line.as_bytes(), props)
-        })
-        .buffer_unordered(PUBLISH_IN_FLIGHT);
-    let progress_every = (total / 20).max(10_000);
-    while let Some(()) = confirms
-        .try_next()
-        .await
-        .map_err(|e| service("rabbitmq")(&e))?
-    {
-        sent += 1;
-        if sent.is_multiple_of(progress_every) {
-            eprintln!("published {sent}/{total}");
-        }
-    }
-    drop(confirms);
-    let _ = connection.close(200, "done".into()).await;
-    println!("published {sent} messages to {}", names.requests);
-    Ok(())
-}
-
-async fn denials(settings: &Settings, clock: &dyn Clock, args: DenialArgs) -> Result<(), CliError> {
-    if args.limit < 1 {
-        return Err(CliError::Input("--limit must be at least 1".to_owned()));
-    }
-    let filter = DenialFilter {
-        shadow: args.shadow,
-        unchecked: args.unchecked,
-        replayed: args.replayed,
-        after: args.after,
-        limit: args.limit,
-        ..args.filter.filter(clock.now())?
-    };
-    let store = connect_store(settings).await?;
-    let rows = store
-        .list(&filter)
-        .await
-        .map_err(|e| service("postgres")(&e))?;
-    print_denials(&rows, args.format)
-}
-
-fn print_denials(rows: &[Denial], format: Format) -> Result<(), CliError> {
-    let mut out = std::io::stdout().lock();
-    let written = match format {
-        Format::Json => rows.iter().try_for_each(|d| {
-            let line = serde_json::to_string(&d.to_json()).map_err(std::io::Error::other)?;
-            writeln!(out, "{line}")
-        }),
-        Format::Csv => write_csv(&mut out, rows),
-        Format::Table => write_table(&mut out, rows),
-    };
-    written.map_err(|e| CliError::Service(format!("writing output: {e}")))
-}
-
-/// Prints what is dispatched with `routing_key` until SIGINT or SIGTERM (exit 0); the line on
-/// standard error says where it listens, so standard output holds only the JSON lines.
-async fn tail(settings: &Settings, routing_key: &str) -> Result<(), CliError> {
-    let names = Names::new(&settings.namespace);
-    let rabbitmq = |e: &dyn std::fmt::Display| service("rabbitmq")(e);
-    let connection = broker::connect(&settings.amqp, "sendquota-tail")
-        .await
-        .map_err(|e| rabbitmq(&e))?;
-    let tailed = async {
-        let channel = broker::timed("channel.open", connection.create_channel()).await?;
-        let (queue, consumer) = crate::ops::tail::bind(&channel, &names, routing_key).await?;
-        eprintln!(
-            "tailing {} (routing key {routing_key}) through temporary queue {queue}; \
-             Ctrl-C to stop",
-            names.dispatch
-        );
-        let mut out = std::io::stdout().lock();
-        crate::ops::tail::print(consumer, &mut out, shutdown_signal()).await
-    }
-    .await;
-    let _ = connection.close(200, "done".into()).await;
-    tailed.map_err(|e| match e {
-        crate::ops::tail::TailError::Broker(e) => rabbitmq(&e),
-        output => CliError::Service(output.to_string()),
-    })
-}
-
 /// [`broker::open_publisher`], its failure as the command's.
 async fn open_publisher(
     settings: &Settings,
@@ -642,137 +438,10 @@ async fn open_publisher(
         .map_err(|e| service("rabbitmq")(&e))
 }
 
-async fn quarantine(settings: &Settings, action: QuarantineAction) -> Result<(), CliError> {
-    let names = Names::new(&settings.namespace);
-    match action {
-        QuarantineAction::List { limit } => {
-            let listed = crate::ops::quarantine::list_held(&settings.amqp, &names, ROLE, limit)
-                .await
-                .map_err(|e| service("rabbitmq")(&e))?;
-            let mut out = std::io::stdout().lock();
-            for q in listed {
-                let line = serde_json::to_string(&q).map_err(|e| service("rabbitmq")(&e))?;
-                writeln!(out, "{line}")
-                    .map_err(|e| CliError::Service(format!("writing output: {e}")))?;
-            }
-            Ok(())
-        }
-        QuarantineAction::Replay { limit } => {
-            let store = connect_store(settings).await?;
-            let which = crate::ops::quarantine::Which::All { limit };
-            let replayed = crate::ops::quarantine::replay_held(
-                &settings.amqp,
-                &names,
-                &store,
-                &which,
-                crate::ops::quarantine::CLI_ACTOR,
-                ROLE,
-            )
-            .await
-            .map_err(|e| CliError::Service(e.to_string()))?;
-            println!(
-                "replayed {replayed} quarantined messages to {}",
-                names.requests
-            );
-            Ok(())
-        }
-    }
-}
-
-/// The connection name of the quarantine commands.
-const ROLE: &str = "sendquota-quarantine";
-
 async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {
     DenialStore::connect(&settings.database)
         .await
         .map_err(|e| service("postgres")(&e))
-}
-
-async fn replay(settings: &Settings, clock: &dyn Clock, args: ReplayArgs) -> Result<(), CliError> {
-    let now = clock.now();
-    let rate = match args.rate.as_deref() {
-        Some(text) => Some(crate::ops::replay::parse_rate(text).ok_or_else(|| {
-            CliError::Input(format!(
-                "--rate {text:?} is not a rate such as 50/s, 50 or 300/m"
-            ))
-        })?),
-        None => None,
-    };
-    if args.batch < 1 || args.limit == Some(0) {
-        return Err(CliError::Input(
-            "--batch and --limit must be at least 1".to_owned(),
-        ));
-    }
-    let filter = DenialFilter {
-        due_at: args.due.then_some(now),
-        live_at: Some(now),
-        ..args.filter.filter(now)?
-    };
-    let store = connect_store(settings).await?;
-    if args.dry_run {
-        let limit = args
-            .limit
-            .map_or(crate::record::denials::MAX_LIMIT, |l| l as i64);
-        let rows = store
-            .replayable(&filter, limit)
-            .await
-            .map_err(|e| service("postgres")(&e))?;
-        let past_deadline = store
-            .past_deadline(&filter, now)
-            .await
-            .map_err(|e| service("postgres")(&e))?;
-        print_denials(&rows, Format::Table)?;
-        println!("dry run: would replay {} denials", rows.len());
-        if past_deadline > 0 {
-            println!(
-                "dry run: skipped {past_deadline} denials whose message is past its deadline \
-                 (expires_at)"
-            );
-        }
-        return Ok(());
-    }
-    let names = Names::new(&settings.namespace);
-    let (connection, publisher) = open_publisher(settings, &names, "sendquota-replay").await?;
-    let bar = progress_bar(args.limit);
-    let options = crate::ops::replay::ReplayOptions {
-        filter,
-        limit: args.limit,
-        rate,
-        batch: args.batch,
-    };
-    let result = crate::ops::replay::replay(
-        &store,
-        &publisher,
-        &names,
-        &options,
-        || clock.now(),
-        |n| bar.set_position(n as u64),
-    )
-    .await;
-    bar.finish_and_clear();
-    let _ = connection.close(200, "done".into()).await;
-    let report = result.map_err(|e| CliError::Service(e.to_string()))?;
-    let secs = report.elapsed.as_secs_f64();
-    println!(
-        "replayed {} denials in {secs:.2} s ({:.1}/s)",
-        report.replayed,
-        report.replayed as f64 / secs.max(1e-9)
-    );
-    Ok(())
-}
-
-/// A progress bar on stderr when it is a terminal; hidden otherwise (cron, pipes).
-fn progress_bar(len: Option<usize>) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = match len {
-        Some(n) => indicatif::ProgressBar::new(n as u64),
-        None => indicatif::ProgressBar::no_length(),
-    };
-    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    bar
 }
 
 /// `digests`: the groups of held messages, one JSON line each.
@@ -785,107 +454,6 @@ async fn digests(settings: &Settings, recipient: Option<&str>) -> Result<(), Cli
     for group in &groups {
         let line = serde_json::to_string(group).map_err(|e| CliError::Service(e.to_string()))?;
         writeln!(out, "{line}").map_err(|e| CliError::Service(format!("stdout: {e}")))?;
-    }
-    Ok(())
-}
-
-async fn prune(settings: &Settings, clock: &dyn Clock, older_than: &str) -> Result<(), CliError> {
-    let now = clock.now();
-    let cutoff = parse_since("--older-than", older_than, now)?;
-    if cutoff > now {
-        return Err(CliError::Input(
-            "--older-than must be an age such as 90d".to_owned(),
-        ));
-    }
-    let store = connect_store(settings).await?;
-    let dropped = store
-        .prune(cutoff)
-        .await
-        .map_err(|e| service("postgres")(&e))?;
-    for name in &dropped {
-        println!("dropped {name}");
-    }
-    println!(
-        "pruned {} partitions older than {}",
-        dropped.len(),
-        rfc3339(cutoff)
-    );
-    Ok(())
-}
-
-const COLUMNS: [&str; 9] = [
-    "id",
-    "denied_at",
-    "recipient",
-    "channel",
-    "category",
-    "rule",
-    "kind",
-    "retry_after",
-    "replayed_at",
-];
-
-fn row_cells(d: &Denial) -> [String; 9] {
-    [
-        d.id.to_string(),
-        rfc3339(d.denied_at),
-        d.recipient.clone(),
-        d.channel.clone(),
-        d.category.clone(),
-        if d.shadow {
-            format!("{} (shadow)", d.rule)
-        } else if d.unchecked {
-            format!("{} (unchecked)", d.rule)
-        } else if d.reason == crate::decide::deadline::EXPIRED_REASON {
-            format!("{} (expired)", d.rule)
-        } else {
-            d.rule.clone()
-        },
-        d.kind.clone(),
-        d.retry_after.map(rfc3339).unwrap_or_default(),
-        d.replayed_at.map(rfc3339).unwrap_or_default(),
-    ]
-}
-
-fn write_table(out: &mut impl Write, rows: &[Denial]) -> std::io::Result<()> {
-    let cells: Vec<[String; 9]> = rows.iter().map(row_cells).collect();
-    let mut widths = COLUMNS.map(str::len);
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        cells
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_owned()
-    };
-    writeln!(out, "{}", line(&COLUMNS.map(str::to_owned)))?;
-    for row in &cells {
-        writeln!(out, "{}", line(row))?;
-    }
-    Ok(())
-}
-
-fn write_csv(out: &mut impl Write, rows: &[Denial]) -> std::io::Result<()> {
-    fn field(s: &str) -> String {
-        if s.contains([',', '"', '\n', '\r']) {
-            format!("\"{}\"", s.replace('"', "\"\""))
-        } else {
-            s.to_owned()
-        }
-    }
-    writeln!(out, "{},reason,message_id", COLUMNS.join(","))?;
-    for d in rows {
-        let mut cells: Vec<String> = row_cells(d).iter().map(|c| field(c)).collect();
-        cells.push(field(&d.reason));
-        cells.push(field(&d.message_id));
-        writeln!(out, "{}", cells.join(","))?;
     }
     Ok(())
 }
