@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
-use sendquota::internals::broker;
 use support::http::http;
 use support::{local, request, TestEnv, ADMIN_TOKEN};
 
@@ -57,16 +56,7 @@ async fn a_leap_second_is_refused_as_a_deadline_and_wherever_else_an_instant_com
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reasons: HashMap<String, String> = env
-        .drain(&env.names.invalid)
-        .await
-        .into_iter()
-        .map(|m| {
-            let reason = broker::header(&m.delivery.properties, broker::REASON_HEADER)
-                .expect("reason header");
-            (String::from_utf8(m.delivery.data).expect("utf-8"), reason)
-        })
-        .collect();
+    let reasons = env.invalid_reasons().await;
     assert_eq!(reasons, expected);
 
     let message = r#"{"id":"m","recipient":"bob","channel":"sms"}"#;
