@@ -11,6 +11,7 @@ use chrono::{Duration, SecondsFormat, SubsecRound, Utc};
 use sendquota::clock::ManualClock;
 use sendquota::internals::dedup::DispatchMarks;
 use serde_json::{json, Value};
+use support::fixtures::policy;
 use support::{request, TempFile, TestEnv};
 
 /// What one run of the binary left behind.
@@ -119,28 +120,7 @@ fn config_check_without_a_file_prints_the_headline_rule_and_exits_0() {
 
 #[test]
 fn config_check_output_is_a_config_that_loads_to_the_same_output() {
-    let config = TempFile::new(
-        "[[rules]]\nname = \"log\"\nkind = \"sliding_log\"\nsub_window = \"1m\"\n\
-         policies = [{ limit = 3, window = \"10m\" }, { limit = 5, window = \"1h\" }]\n\
-         [[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\"\n\
-         [[rules]]\nname = \"weekend-nights\"\nkind = \"quiet_hours\"\nstart = \"23:00\"\n\
-         end = \"09:00\"\ndays = [\"sat\", \"fri\"]\n\
-         [[rules]]\nname = \"business-hours\"\nkind = \"send_window\"\non_deny = \"delay\"\n\
-         windows = { tue = [\"09:00-17:30\"], mon = [\"13:00-17:30\", \"09:00-12:00\"], \
-         sat = [\"22:00-24:00\"], sun = [\"00:00-02:00\"] }\n\
-         [[rules]]\nname = \"per-campaign\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"30d\"\n\
-         scope = \"global\"\nper_attributes = [\"campaign\", \"step\"]\n\
-         [[rules]]\nname = \"pace\"\nkind = \"gcra\"\nrate = 1\nperiod = \"10m\"\n\
-         on_deny = \"delay\"\nmax_delay = \"120m\"\n\
-         [[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\n\
-         window_days = 7\nexempt = [\"critical\", \"high\"]\nexempt_counts = true\n\
-         reserve = { slots = 1, for = \"high\", until = \"18:00\" }\n\
-         [[rules]]\nname = \"weekly-news\"\nkind = \"calendar_quota\"\nper_day = 1\n\
-         on_deny = \"digest\"\ndigest_by = \"campaign\"\n\
-         [[rules]]\nname = \"open\"\nkind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\n\
-         on_unavailable = \"allow\"\n[[rules]]\nname = \"waits\"\nkind = \"fixed_window\"\n\
-         limit = 5\nwindow = \"1h\"\non_unavailable = \"wait\"\n",
-    );
+    let config = TempFile::new(policy!("every_option_config_check_prints"));
     let first = config_check(Some(&config));
     assert_eq!(first.code, 0, "{}", first.stderr);
     assert!(
@@ -279,10 +259,9 @@ fn refused(text: &str) -> String {
 
 #[test]
 fn bad_config_files_exit_2_with_one_line_naming_the_problem() {
-    let rule =
-        |params: &str| format!("[[rules]]\nname = \"a\"\nkind = \"calendar_quota\"\n{params}");
+    let rule = |params: &str| policy!("calendar_quota_a_with_params", params = params);
     assert_eq!(
-        refused("[[rules]]\nname = \"x\"\nkind = \"nope\"\n"),
+        refused(policy!("unknown_kind_nope")),
         "sendquota: rule \"x\": unknown kind \"nope\" (known kinds: calendar_quota, \
          fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, \
          zset_window, quiet_hours, send_window)\n"

@@ -11,6 +11,7 @@ use sendquota::clock::ManualClock;
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::claim::Claim;
 use sendquota::internals::message::SendRequest;
+use support::fixtures::policy;
 use support::http::{http, wait_until_ready};
 use support::private::free_port;
 use support::{local, request, TestEnv};
@@ -59,11 +60,7 @@ async fn the_same_message_id_published_twice_is_dispatched_once_and_consumes_onc
 #[tokio::test]
 async fn an_id_published_twice_is_dispatched_once_when_no_rule_is_per_recipient() {
     // No script call reaches the recipient's dispatch marks: they are read on their own.
-    let mut env = TestEnv::with_config(
-        "[[rules]]\nname = \"per_channel\"\nkind = \"fixed_window\"\nscope = \"channel\"\n\
-         limit = 100\nwindow = \"1h\"\n",
-    )
-    .await;
+    let mut env = TestEnv::with_config(policy!("a_hundred_an_hour_per_channel")).await;
     assert_eq!(dispatches_of_an_id_published_twice(&mut env).await, 1);
 }
 
@@ -353,10 +350,7 @@ async fn a_burst_of_finished_deliveries_is_settled_with_a_few_multiple_acks() {
 fn a_second_delivery_of_an_id_in_flight_is_told_so_and_decides_nothing() {
     let policies = [
         ("headline", ""),
-        (
-            "global only",
-            "[[rules]]\nname = \"g\"\nkind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\nscope = \"global\"\n",
-        ),
+        ("global only", policy!("five_an_hour_for_everyone")),
     ];
     for (target, redis) in support::redis_targets() {
         for (name, toml) in policies {

@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use chrono::Utc;
 use sendquota::clock::ManualClock;
+use support::fixtures::policy;
 use support::http::{field, http, link, links, text_of, Console, LOCALHOST};
 use support::{request, TestEnv, ADMIN_TOKEN, ADMIN_TOKEN_NAME};
 
-const HEADLINE: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n";
+const HEADLINE: &str = policy!("headline");
 
 /// A recipient id with a space in front: valid, and not `alice`.
 const PADDED: &str = " alice";

@@ -9,10 +9,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
+use support::fixtures::policy;
 use support::http::http;
 use support::{local, request, TestEnv, ADMIN_TOKEN};
 
-const HEADLINE: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n";
+const HEADLINE: &str = policy!("headline");
 
 /// What a refused leap second's reason says after the field.
 const LEAP: &str = "must not be a leap second (a 60th second): the worker's clock has none";

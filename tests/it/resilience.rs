@@ -17,6 +17,7 @@ use sendquota::failpoint::Failpoint;
 use sendquota::internals::broker::{self, Publisher};
 use sendquota::internals::keys::{claims_key, scope_tag};
 use sendquota::internals::policy::ScopeValue;
+use support::fixtures::policy;
 use support::http::http;
 use support::private::{free_port, PrivateRabbit};
 use support::{local, request, TestEnv};
@@ -555,8 +556,7 @@ async fn a_deleted_quarantine_queue_is_declared_again_for_the_next_poison_messag
 /// the 6-hour delay queue, declared again, with the instant it waits for.
 #[tokio::test]
 async fn a_deleted_delay_queue_is_declared_again_for_the_next_delayed_message() {
-    let quiet = "[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
-                 end = \"08:00\"\non_deny = \"delay\"\n";
+    let quiet = policy!("quiet_nights_delayed");
     let mut env = TestEnv::with_config(quiet).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 21:00"));
     env.start_worker(&clock);

@@ -6,11 +6,13 @@
 //! By concern: [`env`] makes and removes a test's world ([`TestEnv`]); [`worker`] runs the
 //! worker in process or as the binary (its commands and their configuration file); [`queues`]
 //! publishes requests and reads what the worker routed; [`denials`] reads and breaks the denial
-//! history in Postgres; [`redis_keys`] holds the Redis deployments and the keys a test leaves.
+//! history in Postgres; [`redis_keys`] holds the Redis deployments and the keys a test leaves;
+//! [`fixtures`] reads the policies under tests/fixtures/policies.
 
 pub mod browser;
 pub mod denials;
 pub mod env;
+pub mod fixtures;
 pub mod http;
 pub mod model;
 pub mod private;
