@@ -355,16 +355,11 @@ async fn an_expires_at_the_worker_cannot_take_goes_to_the_invalid_queue_with_the
 async fn check_explains_the_deadline_and_takes_nothing_from_an_expired_message() {
     let config = policy!("headline_and_quiet_nights_delayed_at_most_2h");
     let env = TestEnv::with_config(config).await;
-    let file = support::TempFile::new(config);
     let check = |message: &serde_json::Value, at: &str, commit: bool| {
-        let mut cmd = env.worker_command();
-        cmd.args(["--config", file.path(), "check", "--message"])
-            .arg(message.to_string())
-            .args(["--at", at]);
-        if commit {
-            cmd.arg("--commit");
-        }
-        let run = run_for(cmd, None, Duration::from_secs(30));
+        let message = message.to_string();
+        let mut args = vec!["check", "--message", &message, "--at", at];
+        args.extend(commit.then_some("--commit"));
+        let run = run_for(env.cli_with(config, &args), None, Duration::from_secs(30));
         assert_eq!(run.code, Some(0), "{}", run.stderr);
         serde_json::from_str::<serde_json::Value>(&run.stdout).expect("one JSON object")
     };

@@ -347,8 +347,7 @@ async fn oversized_bodies_go_to_the_invalid_queue_whole_within_bounded_memory() 
     // The worker's own defaults, quorum queues included.
     let env = TestEnv::with_queue_type("", sendquota::config::QueueType::Quorum).await;
     let mut worker = env
-        .worker_command()
-        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
+        .cli(&["worker", "--now", "2026-02-02T09:00:00Z"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -290,17 +290,12 @@ async fn check_the_admin_check_and_the_worker_give_the_same_retry_after_past_qui
     let expected = local(ZONE, "2026-04-02 08:00");
     let expected_text = expected.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
 
-    let file = std::env::temp_dir().join(format!("{}.toml", env.namespace));
-    std::fs::write(&file, config).expect("config file");
-    let mut cli = env.worker_command();
-    cli.args(["--config", file.to_str().expect("utf-8 path"), "check"])
-        .args(["--message", &second.to_string(), "--at", &at_text]);
-    let run = tokio::task::spawn_blocking(move || {
-        support::process::run_for(cli, None, Duration::from_secs(30))
-    })
-    .await
-    .expect("run check");
-    let _ = std::fs::remove_file(&file);
+    let run = env
+        .run_cli(
+            config,
+            &["check", "--message", &second.to_string(), "--at", &at_text],
+        )
+        .await;
     assert_eq!(run.code, Some(0), "{run:?}");
     let checked: serde_json::Value = serde_json::from_str(&run.stdout).expect("one JSON object");
     assert_eq!(

@@ -241,13 +241,8 @@ async fn sighup_reloads_and_rules_history_shows_the_change() {
     assert_eq!(denials.len(), 1);
     assert_eq!(denials[0].rule, "global-one");
 
-    let history = |format: &'static str| {
-        let cmd = env.cli(&["rules", "history", "--format", format]);
-        tokio::task::spawn_blocking(move || {
-            support::process::run_for(cmd, None, Duration::from_secs(30))
-        })
-    };
-    let json = history("json").await.expect("run rules history");
+    let history = |format: &'static str| env.run_cli("", &["rules", "history", "--format", format]);
+    let json = history("json").await;
     assert_eq!(json.code, Some(0), "{json:?}");
     let rows: Vec<serde_json::Value> = json
         .stdout
@@ -273,7 +268,7 @@ async fn sighup_reloads_and_rules_history_shows_the_change() {
         "{}",
         rows[0]
     );
-    let table = history("table").await.expect("run rules history");
+    let table = history("table").await;
     assert_eq!(table.code, Some(0), "{table:?}");
     let lines: Vec<&str> = table.stdout.lines().collect();
     assert!(

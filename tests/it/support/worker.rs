@@ -1,6 +1,7 @@
 //! The worker, in this process (with the test's clock and failpoints) or as the `sendquota`
 //! binary: the commands of this environment and the configuration file they read.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,21 +93,34 @@ impl TestEnv {
         self.cli_with("", args)
     }
 
-    /// [`TestEnv::cli`] with `config` (rules, say) added to the configuration file.
+    /// [`TestEnv::cli`] with `config` (rules, say) added to the configuration file. `config`
+    /// follows the file's `[amqp]` table and its `queue_type`: it may go on with keys of that
+    /// table (`prefetch = 20`), and begins any other table with its header.
     pub fn cli_with(&self, config: &str, args: &[&str]) -> std::process::Command {
         let queue_type = match self.settings.amqp.queue_type {
             sendquota::config::QueueType::Classic => "classic",
             sendquota::config::QueueType::Quorum => "quorum",
         };
         let path = cli_config_path(&self.namespace);
+        // Written aside and renamed over the file: a command started a moment ago (a worker
+        // still reading it) never sees it half written.
+        let written = path.with_extension(super::unique("toml"));
         std::fs::write(
-            &path,
+            &written,
             format!("[amqp]\nqueue_type = \"{queue_type}\"\n{config}"),
         )
         .expect("write the command's configuration");
+        std::fs::rename(&written, &path).expect("put the command's configuration in place");
         let mut cmd = self.worker_command();
         cmd.arg("--config").arg(&path).args(args);
         cmd
+    }
+
+    /// Runs [`TestEnv::cli_with`] (`config`, `args`) to its end, off the async runtime (see
+    /// [`process::run_to_end`]): what it left behind. The command is made (and its file written)
+    /// at once; the future borrows nothing.
+    pub fn run_cli(&self, config: &str, args: &[&str]) -> impl Future<Output = process::Run> {
+        process::run_to_end(self.cli_with(config, args))
     }
 
     /// What `sendquota check --at <at>` prints for `message` under the rules of `config`
