@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
 use serde_json::Value;
+use support::fixtures::policy;
 use support::http::http;
 use support::{local, request, TestEnv};
 
@@ -354,8 +355,7 @@ async fn the_openapi_document_lists_exactly_the_routes_that_exist() {
 #[tokio::test]
 async fn check_and_the_quota_peek_take_attributes() {
     let (env, _clock, port) = admin_env_with(|s| {
-        let config = "[[rules]]\nname = \"one-per-campaign\"\nkind = \"fixed_window\"\n\
-                      limit = 1\nwindow = \"30d\"\nper_attributes = [\"campaign\"]\n";
+        let config = policy!("one_per_campaign_in_30_days");
         s.policy = sendquota::config::Settings::from_toml(config, |_| None)
             .expect("valid")
             .policy;

@@ -11,18 +11,16 @@ use std::collections::HashMap;
 
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
+use support::fixtures::policy;
 use support::{local, request, TestEnv};
 
 /// At most one message per campaign to each recipient in 30 local days. A calendar quota, the
 /// kind the deny cache answers for, so a cached denial of one campaign would show as a refusal
 /// of another.
-const ONE_PER_CAMPAIGN: &str = "[[rules]]\nname = \"one-per-campaign\"\n\
-    kind = \"calendar_quota\"\nper_day = 1\nper_window = 1\nwindow_days = 30\n\
-    scope = \"recipient\"\nper_attributes = [\"campaign\"]\n";
+const ONE_PER_CAMPAIGN: &str = policy!("one_per_campaign_per_recipient_in_30_days");
 
 /// At most three messages per campaign in an hour, whoever receives them.
-const CAMPAIGN_TOTAL: &str = "[[rules]]\nname = \"campaign-total\"\nkind = \"fixed_window\"\n\
-    limit = 3\nwindow = \"1h\"\nscope = \"global\"\nper_attributes = [\"campaign\"]\n";
+const CAMPAIGN_TOTAL: &str = policy!("three_per_campaign_an_hour");
 
 /// A request to `recipient` with `attributes` (a JSON object, or `None` for none).
 fn with_attributes(

@@ -42,6 +42,7 @@ use sendquota::internals::policy::Policy;
 // Harness
 // ---------------------------------------------------------------------------------------------
 
+use support::fixtures::policy;
 use support::model::LimiterHarness as Harness;
 
 /// Decides `message` at epoch ms `now_ms`.
@@ -880,9 +881,10 @@ fn quiet_decision(
     zone: &str,
     now_utc: &str,
 ) -> (bool, Option<DateTime<Utc>>) {
-    let toml = format!(
-        "[[rules]]\nname = \"q\"\nkind = \"quiet_hours\"\nstart = \"{}\"\nend = \"{}\"\n",
-        window.0, window.1
+    let toml = policy!(
+        "quiet_hours_q_from_start_to_end",
+        start = window.0,
+        end = window.1
     );
     let now: DateTime<Utc> = now_utc.parse().expect("instant");
     let eval = evaluate(
@@ -989,8 +991,9 @@ fn at(ms: i64) -> Option<DateTime<Utc>> {
 fn leaky_and_token_buckets_count_milliseconds_not_seconds() {
     for kind in ["leaky_bucket", "token_bucket"] {
         let h = Harness::single("sqtms");
-        let policy = load_policy(&format!(
-            "[[rules]]\nname = \"b\"\nkind = \"{kind}\"\ncapacity = 1\nrate = 1\nperiod = \"1s\"\n"
+        let policy = load_policy(&policy!(
+            "bucket_b_of_one_refilled_each_second",
+            kind = kind
         ));
         // Just before a whole second, so a clock read in seconds would see one pass at +1 ms.
         let t0 = START_MS + 999;
@@ -1010,10 +1013,7 @@ fn leaky_and_token_buckets_count_milliseconds_not_seconds() {
 #[test]
 fn token_bucket_half_a_token_is_not_enough_and_retry_after_is_exact() {
     let h = Harness::single("sqthalf");
-    let policy = load_policy(
-        "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 1\nrate = 1\n\
-         period = \"3s\"\n",
-    );
+    let policy = load_policy(policy!("token_bucket_b_of_one_refilled_every_3s"));
     let t0 = START_MS;
     assert!(send(&h, &policy, "m1", 1, t0).allowed);
     // 1.5 s later half a token has come back: not enough, and not "blocked forever" either.
@@ -1029,22 +1029,15 @@ fn token_bucket_half_a_token_is_not_enough_and_retry_after_is_exact() {
 
 #[test]
 fn token_bucket_cost_above_capacity_is_refused_at_load_and_per_message() {
-    let err = Settings::from_toml(
-        "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 3\nrate = 1\n\
-         period = \"1s\"\ncost = 4\n",
-        |_| None,
-    )
-    .expect_err("cost above capacity is refused");
+    let err = Settings::from_toml(policy!("token_bucket_b_cost_above_capacity"), |_| None)
+        .expect_err("cost above capacity is refused");
     assert_eq!(
         err.to_string(),
         "rule \"b\": cost (4) is larger than capacity (3): no send could ever pass"
     );
 
     let h = Harness::single("sqtcost");
-    let policy = load_policy(
-        "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 3\nrate = 1\n\
-         period = \"1s\"\n",
-    );
+    let policy = load_policy(policy!("token_bucket_b_of_3_refilled_each_second"));
     let eval = evaluate(&h, &policy, &message("big", "r1", "UTC", 5), START_MS, true);
     let v = &eval.verdicts()[0];
     assert!(!eval.committed());
@@ -1066,10 +1059,7 @@ fn token_bucket_cost_above_capacity_is_refused_at_load_and_per_message() {
 fn skewed_clock_never_over_issues() {
     // The exact sequence: a token bucket of 5 refilled 1 per second.
     let h = Harness::single("sqtskew");
-    let policy = load_policy(
-        "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 5\nrate = 1\n\
-         period = \"1s\"\n",
-    );
+    let policy = load_policy(policy!("token_bucket_b_of_5_refilled_each_second"));
     let t0 = START_MS;
     assert!(send(&h, &policy, "all", 5, t0).allowed);
     let t = t0 + 2_000;
@@ -1102,8 +1092,10 @@ fn skewed_clock_never_over_issues() {
         ("gcra", "burst = 3"),
     ] {
         let h = Harness::single("sqtskewloop");
-        let policy = load_policy(&format!(
-            "[[rules]]\nname = \"b\"\nkind = \"{kind}\"\n{extra}\nrate = 2\nperiod = \"1s\"\n"
+        let policy = load_policy(&policy!(
+            "bucket_b_refilled_twice_a_second",
+            kind = kind,
+            extra = extra
         ));
         let mut admitted = 0i64;
         let mut n = 0;
@@ -1135,7 +1127,7 @@ fn skewed_clock_never_over_issues() {
 fn gcra_retry_after_is_rounded_up_and_burst_admits_exactly_burst() {
     // 3 per second: the emission interval is 333.33 ms, so retry_after must round up to 334.
     let h = Harness::single("sqtgcraround");
-    let policy = load_policy("[[rules]]\nname = \"g\"\nkind = \"gcra\"\nrate = 3\nburst = 1\n");
+    let policy = load_policy(policy!("gcra_g_three_a_second_burst_1"));
     let t0 = START_MS;
     assert!(send(&h, &policy, "m1", 1, t0).allowed);
     let v = send(&h, &policy, "m2", 1, t0);
@@ -1149,10 +1141,7 @@ fn gcra_retry_after_is_rounded_up_and_burst_admits_exactly_burst() {
 
     for burst in 1..=5u32 {
         let h = Harness::single("sqtgcraburst");
-        let policy = load_policy(&format!(
-            "[[rules]]\nname = \"g\"\nkind = \"gcra\"\nrate = 3\nperiod = \"1s\"\n\
-             burst = {burst}\n"
-        ));
+        let policy = load_policy(&policy!("gcra_g_three_a_second", burst = burst));
         for k in 1..=burst {
             let v = send(&h, &policy, &format!("m{k}"), 1, t0);
             assert!(v.allowed, "burst {burst}: send {k} refused");
@@ -1170,17 +1159,13 @@ fn gcra_retry_after_is_rounded_up_and_burst_admits_exactly_burst() {
 fn models_retry_after_is_exact() {
     let kind = |toml: &str| load_policy(toml).rules[0].kind.clone();
     let mut models: Vec<Box<dyn Model>> = vec![
-        Box::new(LeakyModel::new(&kind(
-            "[[rules]]\nname = \"b\"\nkind = \"leaky_bucket\"\ncapacity = 2\nrate = 3\n\
-             period = \"7s\"\n",
-        ))),
-        Box::new(TokenModel::new(&kind(
-            "[[rules]]\nname = \"b\"\nkind = \"token_bucket\"\ncapacity = 3\nrate = 3\n\
-             period = \"7s\"\n",
-        ))),
-        Box::new(GcraModel::new(&kind(
-            "[[rules]]\nname = \"g\"\nkind = \"gcra\"\nrate = 3\nperiod = \"7s\"\nburst = 2\n",
-        ))),
+        Box::new(LeakyModel::new(&kind(policy!(
+            "leaky_bucket_b_of_2_leaking_3_per_7s"
+        )))),
+        Box::new(TokenModel::new(&kind(policy!(
+            "token_bucket_b_of_3_refilled_3_per_7s"
+        )))),
+        Box::new(GcraModel::new(&kind(policy!("gcra_g_3_per_7s_burst_2")))),
     ];
     for model in &mut models {
         let mut now = i128::from(START_MS);
@@ -1216,17 +1201,13 @@ fn buckets_written_before_their_parameters_were_kept_are_read_in_the_rules_units
     let h = Harness::single("sqtlegacy");
     let hour = 3_600_000i64;
     let bucket = |kind: &str, rate: u32| {
-        load_policy(&format!(
-            "[[rules]]\nname = \"b\"\nkind = \"{kind}\"\ncapacity = 10\nrate = {rate}\n\
-             period = \"1h\"\n"
+        load_policy(&policy!(
+            "bucket_b_of_10_per_hour",
+            kind = kind,
+            rate = rate
         ))
     };
-    let gcra = |rate: u32| {
-        load_policy(&format!(
-            "[[rules]]\nname = \"b\"\nkind = \"gcra\"\nrate = {rate}\nperiod = \"1h\"\n\
-             burst = 10\n"
-        ))
-    };
+    let gcra = |rate: u32| load_policy(&policy!("gcra_b_per_hour_burst_10", rate = rate));
     let write = |cmd: &mut redis::Cmd| {
         let _: redis::Value = h.query(cmd.arg("PX").arg(hour));
     };

@@ -11,6 +11,7 @@ use chrono::{Duration, SecondsFormat, SubsecRound, Utc};
 use sendquota::clock::ManualClock;
 use sendquota::internals::dedup::DispatchMarks;
 use serde_json::{json, Value};
+use support::fixtures::policy;
 use support::{request, TempFile, TestEnv};
 
 /// What one run of the binary left behind.
@@ -34,19 +35,12 @@ fn bare() -> Command {
     cmd
 }
 
-/// The binary on `env`'s namespace and services, with `config` (classic queues, as declared).
-fn on(env: &TestEnv, config: &TempFile) -> Command {
-    let mut cmd = bare();
-    cmd.args(["--config", config.path()])
-        .env("SENDQUOTA_NAMESPACE", &env.namespace)
-        .env("SENDQUOTA_REDIS_URL", support::redis_url())
-        .env("SENDQUOTA_AMQP_URL", support::amqp_url())
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url);
+/// The binary on `env`'s namespace and services ([`TestEnv::cli`]: its configuration file names
+/// the queue type they were declared with), logging off.
+fn on(env: &TestEnv) -> Command {
+    let mut cmd = env.cli(&[]);
+    cmd.env("SENDQUOTA_LOG", "off");
     cmd
-}
-
-fn classic() -> TempFile {
-    TempFile::new("[amqp]\nqueue_type = \"classic\"\n")
 }
 
 /// Runs `cmd` with `args` (and `stdin`, if any) off the async runtime and collects the output.
@@ -89,16 +83,10 @@ fn message(id: &str, recipient: &str) -> String {
 }
 
 /// `sendquota check` of `message` at `at`, with `--commit` when `commit`.
-fn check_at(
-    env: &TestEnv,
-    config: &TempFile,
-    message: &str,
-    at: &str,
-    commit: bool,
-) -> impl Future<Output = Out> {
+fn check_at(env: &TestEnv, message: &str, at: &str, commit: bool) -> impl Future<Output = Out> {
     let mut args = vec!["check", "--message", message, "--at", at];
     args.extend(commit.then_some("--commit"));
-    run(on(env, config), &args, None)
+    run(on(env), &args, None)
 }
 
 #[test]
@@ -119,28 +107,7 @@ fn config_check_without_a_file_prints_the_headline_rule_and_exits_0() {
 
 #[test]
 fn config_check_output_is_a_config_that_loads_to_the_same_output() {
-    let config = TempFile::new(
-        "[[rules]]\nname = \"log\"\nkind = \"sliding_log\"\nsub_window = \"1m\"\n\
-         policies = [{ limit = 3, window = \"10m\" }, { limit = 5, window = \"1h\" }]\n\
-         [[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\nend = \"08:00\"\n\
-         [[rules]]\nname = \"weekend-nights\"\nkind = \"quiet_hours\"\nstart = \"23:00\"\n\
-         end = \"09:00\"\ndays = [\"sat\", \"fri\"]\n\
-         [[rules]]\nname = \"business-hours\"\nkind = \"send_window\"\non_deny = \"delay\"\n\
-         windows = { tue = [\"09:00-17:30\"], mon = [\"13:00-17:30\", \"09:00-12:00\"], \
-         sat = [\"22:00-24:00\"], sun = [\"00:00-02:00\"] }\n\
-         [[rules]]\nname = \"per-campaign\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"30d\"\n\
-         scope = \"global\"\nper_attributes = [\"campaign\", \"step\"]\n\
-         [[rules]]\nname = \"pace\"\nkind = \"gcra\"\nrate = 1\nperiod = \"10m\"\n\
-         on_deny = \"delay\"\nmax_delay = \"120m\"\n\
-         [[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\n\
-         window_days = 7\nexempt = [\"critical\", \"high\"]\nexempt_counts = true\n\
-         reserve = { slots = 1, for = \"high\", until = \"18:00\" }\n\
-         [[rules]]\nname = \"weekly-news\"\nkind = \"calendar_quota\"\nper_day = 1\n\
-         on_deny = \"digest\"\ndigest_by = \"campaign\"\n\
-         [[rules]]\nname = \"open\"\nkind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\n\
-         on_unavailable = \"allow\"\n[[rules]]\nname = \"waits\"\nkind = \"fixed_window\"\n\
-         limit = 5\nwindow = \"1h\"\non_unavailable = \"wait\"\n",
-    );
+    let config = TempFile::new(policy!("every_option_config_check_prints"));
     let first = config_check(Some(&config));
     assert_eq!(first.code, 0, "{}", first.stderr);
     assert!(
@@ -279,10 +246,9 @@ fn refused(text: &str) -> String {
 
 #[test]
 fn bad_config_files_exit_2_with_one_line_naming_the_problem() {
-    let rule =
-        |params: &str| format!("[[rules]]\nname = \"a\"\nkind = \"calendar_quota\"\n{params}");
+    let rule = |params: &str| policy!("calendar_quota_a_with_params", params = params);
     assert_eq!(
-        refused("[[rules]]\nname = \"x\"\nkind = \"nope\"\n"),
+        refused(policy!("unknown_kind_nope")),
         "sendquota: rule \"x\": unknown kind \"nope\" (known kinds: calendar_quota, \
          fixed_window, sliding_window, sliding_log, leaky_bucket, token_bucket, gcra, \
          zset_window, quiet_hours, send_window)\n"
@@ -332,9 +298,8 @@ fn with_json_logs_a_refused_config_is_reported_as_one_json_object() {
 #[tokio::test]
 async fn check_decides_without_consuming_unless_commit_and_a_deny_names_the_next_midnight() {
     let env = TestEnv::new().await;
-    let config = classic();
     let check = |id: &str, at: &str, commit: bool| {
-        let out = check_at(&env, &config, &message(id, "alice"), at, commit);
+        let out = check_at(&env, &message(id, "alice"), at, commit);
         async move {
             let out = out.await;
             let lines = out.stdout.lines().count();
@@ -383,9 +348,7 @@ async fn check_decides_without_consuming_unless_commit_and_a_deny_names_the_next
 #[tokio::test]
 async fn instants_outside_the_supported_range_exit_2_and_the_last_day_in_it_gets_a_valid_answer() {
     let env = TestEnv::new().await;
-    let config = classic();
-    let check =
-        |id: &str, at: &str, commit: bool| check_at(&env, &config, &message(id, "zoe"), at, commit);
+    let check = |id: &str, at: &str, commit: bool| check_at(&env, &message(id, "zoe"), at, commit);
     for day in ["8999-12-31", "9999-12-31"] {
         let first = check("z1", &format!("{day}T09:00:00Z"), true).await;
         let second = check("z2", &format!("{day}T11:00:00Z"), false).await;
@@ -412,7 +375,7 @@ async fn instants_outside_the_supported_range_exit_2_and_the_last_day_in_it_gets
         vec!["replay", "--dry-run", "--until", "9999-12-31T23:59:59Z"],
     ];
     for args in outside {
-        let mut cmd = on(&env, &config);
+        let mut cmd = on(&env);
         // A service asked would answer: exit 2 shows the instant was refused first.
         cmd.env("SENDQUOTA_REDIS_URL", "redis://127.0.0.1:1");
         let out = run(cmd, &args, None).await;
@@ -430,12 +393,11 @@ async fn instants_outside_the_supported_range_exit_2_and_the_last_day_in_it_gets
 #[tokio::test]
 async fn check_exits_2_on_an_invalid_message_and_1_when_redis_is_unreachable() {
     let env = TestEnv::new().await;
-    let config = classic();
     let bad = r#"{"id":"m1","channel":"sms"}"#;
-    let bad = run(on(&env, &config), &["check", "--message", bad], None).await;
+    let bad = run(on(&env), &["check", "--message", bad], None).await;
     let stderr = "sendquota: invalid message: missing field `recipient`\n";
     assert_eq!(bad.all(), (2, "", stderr));
-    let mut cmd = on(&env, &config);
+    let mut cmd = on(&env);
     cmd.env("SENDQUOTA_REDIS_URL", "redis://127.0.0.1:1");
     let down = run(cmd, &["check", "--message", &message("m1", "alice")], None).await;
     let lines = down.stderr.lines().count();
@@ -464,22 +426,21 @@ async fn queued_ids(env: &TestEnv) -> Vec<String> {
 #[tokio::test]
 async fn publish_sends_every_line_of_a_file_or_stdin_and_nothing_when_a_line_is_invalid() {
     let env = TestEnv::new().await;
-    let config = classic();
     let lines = [message("p1", "a"), message("p2", "b"), message("p3", "c")];
     let file = TempFile::new(&format!("{}\n{}\n\n{}\n", lines[0], lines[1], lines[2]));
-    let out = run(on(&env, &config), &["publish", file.path()], None).await;
+    let out = run(on(&env), &["publish", file.path()], None).await;
     let published = format!("published 3 messages to {}.requests\n", env.namespace);
     assert_eq!(out.all(), (0, published.as_str(), ""));
     assert_eq!(queued_ids(&env).await, ["p1", "p2", "p3"]);
 
     let broken = TempFile::new(&format!("{}\n{{\"id\":\"p2\"}}\n{}\n", lines[0], lines[2]));
-    let out = run(on(&env, &config), &["publish", broken.path()], None).await;
+    let out = run(on(&env), &["publish", broken.path()], None).await;
     let stderr = "sendquota: line 2: missing field `recipient`\n";
     assert_eq!(out.all(), (2, "", stderr));
     assert!(queued_ids(&env).await.is_empty(), "nothing published");
 
     let stdin = format!("{}\n{}\n{}\n", lines[0], lines[1], lines[2]);
-    let out = run(on(&env, &config), &["publish", "-"], Some(&stdin)).await;
+    let out = run(on(&env), &["publish", "-"], Some(&stdin)).await;
     assert_eq!(out.all(), (0, published.as_str(), ""));
     assert_eq!(queued_ids(&env).await, ["p1", "p2", "p3"]);
 }
@@ -487,7 +448,6 @@ async fn publish_sends_every_line_of_a_file_or_stdin_and_nothing_when_a_line_is_
 #[tokio::test]
 async fn denials_lists_a_worker_denial_as_json_table_and_csv_with_filters() {
     let mut env = TestEnv::new().await;
-    let config = classic();
     let now = Utc::now().trunc_subsecs(0);
     let clock = ManualClock::new(now);
     env.start_worker(&clock);
@@ -506,7 +466,7 @@ async fn denials_lists_a_worker_denial_as_json_table_and_csv_with_filters() {
     let denials = |args: &[&str]| {
         let mut all = vec!["denials"];
         all.extend(args);
-        run(on(&env, &config), &all, None)
+        run(on(&env), &all, None)
     };
     let out = denials(&["--format", "json", "--recipient", "alice"]).await;
     assert_eq!((out.code, out.stderr.as_str()), (0, ""));

@@ -12,15 +12,12 @@ use sendquota::config::Settings;
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::store::RedisConn;
+use support::fixtures::policy;
 use support::{local, request, TestEnv};
 
 #[tokio::test]
 async fn the_worker_decides_across_scopes_on_a_redis_cluster() {
-    let config = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n\n\
-                  [[rules]]\nname = \"per_channel\"\nkind = \"sliding_window\"\nscope = \"channel\"\n\
-                  limit = 30\nwindow = \"1h\"\nsub_window = \"1m\"\n\n\
-                  [[rules]]\nname = \"global\"\nkind = \"gcra\"\nscope = \"global\"\nrate = 25\n\
-                  period = \"1h\"\nburst = 25\n";
+    let config = policy!("headline_per_channel_and_global_burst");
     let mut env = TestEnv::on_cluster(config).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
@@ -58,9 +55,7 @@ async fn the_worker_decides_across_scopes_on_a_redis_cluster() {
 
 #[tokio::test]
 async fn a_refused_global_rule_refunds_recipient_quota_on_another_node() {
-    let config = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n\n\
-                  [[rules]]\nname = \"global\"\nkind = \"zset_window\"\nscope = \"global\"\n\
-                  limit = 3\nwindow = \"1h\"\n";
+    let config = policy!("headline_and_three_an_hour_for_everyone");
     let mut env = TestEnv::on_cluster(config).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
@@ -110,12 +105,9 @@ async fn forget_scripts(conn: &RedisConn) {
 
 #[tokio::test]
 async fn a_redis_that_forgot_the_decision_scripts_is_sent_them_again_and_decides() {
-    let policy = Settings::from_toml(
-        "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n",
-        |_| None,
-    )
-    .expect("valid policy")
-    .policy;
+    let policy = Settings::from_toml(policy!("headline"), |_| None)
+        .expect("valid policy")
+        .policy;
     let now = local("UTC", "2026-04-01 09:00");
     let message = |id: &str| {
         SendRequest::decode(request(id, "alice", "UTC").to_string().as_bytes(), 1 << 16)

@@ -1,5 +1,6 @@
 //! One broken configuration per file in tests/fixtures/config, each refused at start-up with an
-//! exact, one-line message naming the rule and the parameter at fault.
+//! exact, one-line message naming the rule and the parameter at fault. And the policies in
+//! tests/fixtures/policies (`support::fixtures`): each is read by some test.
 
 use std::path::Path;
 
@@ -98,5 +99,29 @@ fn every_fixture_has_a_test() {
             source.contains(&format!("    {stem} => ")),
             "no test for fixture {stem}"
         );
+    }
+}
+
+#[test]
+fn every_policy_fixture_is_read_by_a_test() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut read = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(root.join("tests/it")).expect("the tests") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let source = std::fs::read_to_string(&path).expect("a test's source");
+            for after in source.split("policy!(").skip(1) {
+                let name = after
+                    .trim_start()
+                    .strip_prefix('"')
+                    .and_then(|a| a.split_once('"'));
+                read.extend(name.map(|(name, _)| name.to_owned()));
+            }
+        }
+    }
+    for entry in std::fs::read_dir(root.join("tests/fixtures/policies")).expect("fixtures") {
+        let name = entry.expect("entry").path();
+        let stem = name.file_stem().and_then(|s| s.to_str()).expect("name");
+        assert!(read.contains(stem), "no test reads policy fixture {stem}");
     }
 }

@@ -12,13 +12,12 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use sendquota::clock::ManualClock;
 use support::browser::Chromium;
+use support::fixtures::policy;
 use support::{request, TestEnv, ADMIN_TOKEN, ADMIN_TOKEN_NAME};
 
 /// The headline rule, and a global shadow rule that would refuse all but two messages an
 /// hour: real denials and shadow refusals for the pages to show.
-const CONFIG: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n\n\
-    [[rules]]\nname = \"burst\"\nkind = \"fixed_window\"\nscope = \"global\"\nlimit = 2\n\
-    window = \"1h\"\non_deny = \"shadow\"\n";
+const CONFIG: &str = policy!("headline_and_a_global_shadow_burst");
 
 /// A recipient id that is HTML: the pages must show it as text.
 const HOSTILE: &str = "<b id=\"xss\">x</b>";

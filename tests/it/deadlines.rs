@@ -17,6 +17,7 @@ use sendquota::clock::ManualClock;
 use sendquota::internals::broker::{self, DELAY_TIERS_MS};
 use sendquota::internals::denials::{Denial, DenialRow, DenialStore};
 use sendquota::internals::message::SendRequest;
+use support::fixtures::policy;
 use support::process::run_for;
 use support::{local, request, TestEnv};
 
@@ -106,9 +107,10 @@ async fn paced_second_message(
     period: &str,
     max_delay: &str,
 ) -> (TestEnv, ManualClock, HashMap<String, usize>) {
-    let config = format!(
-        "[[rules]]\nname = \"pace\"\nkind = \"gcra\"\nrate = 1\nperiod = \"{period}\"\n\
-         burst = 1\non_deny = \"delay\"\nmax_delay = \"{max_delay}\"\n"
+    let config = policy!(
+        "pace_delayed_at_most",
+        period = period,
+        max_delay = max_delay
     );
     let mut env = TestEnv::with_config(&config).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
@@ -351,20 +353,13 @@ async fn an_expires_at_the_worker_cannot_take_goes_to_the_invalid_queue_with_the
 /// a rule's `max_delay` is `expired` under that rule; the report shows the deadline.
 #[tokio::test]
 async fn check_explains_the_deadline_and_takes_nothing_from_an_expired_message() {
-    let config = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n\
-                  [[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
-                  end = \"08:00\"\non_deny = \"delay\"\nmax_delay = \"2h\"\n";
+    let config = policy!("headline_and_quiet_nights_delayed_at_most_2h");
     let env = TestEnv::with_config(config).await;
-    let file = support::TempFile::new(config);
     let check = |message: &serde_json::Value, at: &str, commit: bool| {
-        let mut cmd = env.worker_command();
-        cmd.args(["--config", file.path(), "check", "--message"])
-            .arg(message.to_string())
-            .args(["--at", at]);
-        if commit {
-            cmd.arg("--commit");
-        }
-        let run = run_for(cmd, None, Duration::from_secs(30));
+        let message = message.to_string();
+        let mut args = vec!["check", "--message", &message, "--at", at];
+        args.extend(commit.then_some("--commit"));
+        let run = run_for(env.cli_with(config, &args), None, Duration::from_secs(30));
         assert_eq!(run.code, Some(0), "{}", run.stderr);
         serde_json::from_str::<serde_json::Value>(&run.stdout).expect("one JSON object")
     };

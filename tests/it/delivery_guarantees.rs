@@ -11,6 +11,7 @@ use sendquota::clock::ManualClock;
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::claim::Claim;
 use sendquota::internals::message::SendRequest;
+use support::fixtures::policy;
 use support::http::{http, wait_until_ready};
 use support::private::free_port;
 use support::{local, request, TestEnv};
@@ -59,11 +60,7 @@ async fn the_same_message_id_published_twice_is_dispatched_once_and_consumes_onc
 #[tokio::test]
 async fn an_id_published_twice_is_dispatched_once_when_no_rule_is_per_recipient() {
     // No script call reaches the recipient's dispatch marks: they are read on their own.
-    let mut env = TestEnv::with_config(
-        "[[rules]]\nname = \"per_channel\"\nkind = \"fixed_window\"\nscope = \"channel\"\n\
-         limit = 100\nwindow = \"1h\"\n",
-    )
-    .await;
+    let mut env = TestEnv::with_config(policy!("a_hundred_an_hour_per_channel")).await;
     assert_eq!(dispatches_of_an_id_published_twice(&mut env).await, 1);
 }
 
@@ -117,18 +114,11 @@ async fn a_recipient_with_braces_and_colons_never_shares_state_with_another() {
     );
 }
 
-/// The `sendquota worker` binary on this test's namespace and database, its admin API on
-/// `admin_port` (0: any free port).
-fn spawn_worker_binary(
-    env: &TestEnv,
-    config: &std::path::Path,
-    failpoint: bool,
-    admin_port: u16,
-) -> Child {
-    let mut cmd = env.worker_command();
-    cmd.args(["--config", config.to_str().expect("utf-8 path")])
-        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
-        .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+/// The `sendquota worker` binary on this test's namespace and database with `config`
+/// ([`TestEnv::cli_with`]), its admin API on `admin_port` (0: any free port).
+fn spawn_worker_binary(env: &TestEnv, config: &str, failpoint: bool, admin_port: u16) -> Child {
+    let mut cmd = env.cli_with(config, &["worker", "--now", "2026-02-02T09:00:00Z"]);
+    cmd.env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if failpoint {
@@ -154,11 +144,9 @@ async fn ten_copies_of_each_message_across_two_workers_are_dispatched_once_each(
     const IDS: usize = 20;
     const COPIES: usize = 10;
     let env = TestEnv::new().await;
-    let config = std::env::temp_dir().join(format!("{}.toml", env.namespace));
-    std::fs::write(&config, "[amqp]\nqueue_type = \"classic\"\n").expect("write config");
     let mut workers = [
-        spawn_worker_binary(&env, &config, false, 0),
-        spawn_worker_binary(&env, &config, false, 0),
+        spawn_worker_binary(&env, "", false, 0),
+        spawn_worker_binary(&env, "", false, 0),
     ];
     for i in 0..IDS {
         for _ in 0..COPIES {
@@ -187,7 +175,6 @@ async fn ten_copies_of_each_message_across_two_workers_are_dispatched_once_each(
         worker.kill().expect("stop a worker");
         worker.wait().expect("reap a worker");
     }
-    let _ = std::fs::remove_file(&config);
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "dispatched more than once: {twice:?}");
     assert_eq!(seen.len(), IDS);
@@ -197,16 +184,11 @@ async fn ten_copies_of_each_message_across_two_workers_are_dispatched_once_each(
 #[tokio::test]
 async fn a_worker_killed_after_redis_admitted_a_message_dispatches_it_once_after_restart() {
     let env = TestEnv::new().await;
-    let config = std::env::temp_dir().join(format!("{}.toml", env.namespace));
     // The killed worker's in-flight claim holds the message's copies for one lease.
-    std::fs::write(
-        &config,
-        "[amqp]\nqueue_type = \"classic\"\n[worker]\nclaim_lease_ms = 1000\n",
-    )
-    .expect("write config");
+    let config = "[worker]\nclaim_lease_ms = 1000\n";
     let key = headline_key(&env, "alice");
 
-    let mut first = spawn_worker_binary(&env, &config, true, 0);
+    let mut first = spawn_worker_binary(&env, config, true, 0);
     env.publish(&request("crash", "alice", "UTC")).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while members(&env, &key).await.is_empty() {
@@ -223,7 +205,7 @@ async fn a_worker_killed_after_redis_admitted_a_message_dispatches_it_once_after
         "nothing went out before the crash"
     );
 
-    let mut second = spawn_worker_binary(&env, &config, false, 0);
+    let mut second = spawn_worker_binary(&env, config, false, 0);
     let mut seen = HashMap::new();
     let sent = env.outcome("crash", &mut seen).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -232,7 +214,6 @@ async fn a_worker_killed_after_redis_admitted_a_message_dispatches_it_once_after
     }
     second.kill().expect("stop the second worker");
     second.wait().expect("reap the second worker");
-    let _ = std::fs::remove_file(&config);
     assert!(sent, "the redelivered message is dispatched");
     assert_eq!(seen.get("crash"), Some(&1));
     assert_eq!(members(&env, &key).await, ["crash"], "quota consumed once");
@@ -297,13 +278,11 @@ async fn a_message_stuck_in_flight_does_not_hold_back_the_acks_of_the_messages_b
 #[tokio::test]
 async fn a_burst_of_finished_deliveries_is_settled_with_a_few_multiple_acks() {
     let env = TestEnv::new().await;
-    let config = std::env::temp_dir().join(format!("{}-acks.toml", env.namespace));
-    std::fs::write(&config, "[amqp]\nqueue_type = \"classic\"\n").expect("config");
     // Two per recipient: half dispatched, half denied, all queued before the worker starts.
     let n = 400;
     env.publish_two_per_recipient(n).await;
     let port = free_port();
-    let mut worker = spawn_worker_binary(&env, &config, false, port);
+    let mut worker = spawn_worker_binary(&env, "", false, port);
     wait_until_ready(port).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut dispatched = 0;
@@ -318,7 +297,6 @@ async fn a_burst_of_finished_deliveries_is_settled_with_a_few_multiple_acks() {
     let metrics = http(port, "GET", "/metrics", None, "").await.body;
     let _ = worker.kill();
     let _ = worker.wait();
-    let _ = std::fs::remove_file(&config);
     let frames = |kind: &str| -> u64 {
         let series = format!(
             "{}{{kind=\"{kind}\"}} ",
@@ -353,10 +331,7 @@ async fn a_burst_of_finished_deliveries_is_settled_with_a_few_multiple_acks() {
 fn a_second_delivery_of_an_id_in_flight_is_told_so_and_decides_nothing() {
     let policies = [
         ("headline", ""),
-        (
-            "global only",
-            "[[rules]]\nname = \"g\"\nkind = \"fixed_window\"\nlimit = 5\nwindow = \"1h\"\nscope = \"global\"\n",
-        ),
+        ("global only", policy!("five_an_hour_for_everyone")),
     ];
     for (target, redis) in support::redis_targets() {
         for (name, toml) in policies {

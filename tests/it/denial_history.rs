@@ -122,21 +122,11 @@ async fn prune_drops_whole_partitions_older_than_the_age_and_keeps_the_rest() {
     generate(&env, 1_300, 12).await;
     let before = partitions(&env).await;
     assert_eq!(before.len(), 13, "{before:?}");
-    let config = std::env::temp_dir().join(format!("{}-prune.toml", env.namespace));
-    std::fs::write(&config, "").expect("config");
-    let out = support::process::sendquota()
-        .args([
-            "--config",
-            config.to_str().expect("utf-8"),
-            "prune",
-            "--older-than",
-            "90d",
-        ])
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
+    let out = env
+        .cli(&["prune", "--older-than", "90d"])
         .env("SENDQUOTA_LOG", "off")
         .output()
         .expect("run prune");
-    let _ = std::fs::remove_file(&config);
     assert_eq!(
         out.status.code(),
         Some(0),

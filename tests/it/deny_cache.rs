@@ -17,6 +17,7 @@ use sendquota::internals::deny_cache::DenyCache;
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::policy::Policy;
+use support::fixtures::policy;
 use support::{local, request, TestEnv};
 
 const ZONES: [&str; 3] = ["UTC", "America/New_York", "Asia/Kathmandu"];
@@ -172,9 +173,7 @@ fn cached_decisions_equal_uncached_ones_for_the_headline_rule() {
 #[test]
 fn cached_decisions_equal_uncached_ones_for_caps_filtered_by_channel_and_category() {
     exact_over_random_workloads(
-        "[[rules]]\nname = \"sms_cap\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 1\nwindow_days = 1\nmatch = { channels = [\"sms\"] }\n\
-         [[rules]]\nname = \"all_cap\"\nkind = \"calendar_quota\"\nper_day = 3\nper_window = 5\nwindow_days = 3\n\
-         [[rules]]\nname = \"marketing_cap\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 2\nwindow_days = 7\nmatch = { categories = [\"marketing\"] }\n",
+        policy!("sms_all_and_marketing_caps"),
         // Every admission invalidates its recipient under filtered caps, and the workload
         // mixes four channel and category pairs: fewer answers, still exact.
         40,
@@ -183,11 +182,7 @@ fn cached_decisions_equal_uncached_ones_for_caps_filtered_by_channel_and_categor
 
 #[test]
 fn cached_decisions_equal_uncached_ones_for_two_calendar_rules() {
-    exact_over_random_workloads(
-        "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 2\nper_window = 4\nwindow_days = 5\n\
-         [[rules]]\nname = \"weekly\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\nwindow_days = 7\n",
-        5,
-    );
+    exact_over_random_workloads(policy!("daily_and_weekly_caps"), 5);
 }
 
 #[tokio::test]
@@ -254,10 +249,7 @@ async fn a_dispatched_id_sent_again_after_leaving_the_window_is_a_duplicate_not_
 
 #[test]
 fn policies_with_other_kinds_or_scopes_are_not_cached() {
-    let p = policy(
-        "[[rules]]\nname = \"h\"\nkind = \"calendar_quota\"\n\
-         [[rules]]\nname = \"g\"\nkind = \"gcra\"\nrate = 1\nscope = \"global\"\n",
-    );
+    let p = policy(policy!("headline_and_a_global_gcra"));
     let m = SendRequest::decode(request("x", "r", "UTC").to_string().as_bytes(), 1 << 16)
         .expect("valid");
     assert!(!DenyCache::eligible(&p.rules_for(&m)));

@@ -406,12 +406,9 @@ fn every_dashboard_query_is_valid_promql() {
 /// `_sum` and `_count`) and each sample's.
 async fn names_a_real_worker_exports() -> (BTreeSet<String>, String) {
     let env = TestEnv::new().await;
-    let config = TempFile::new("[amqp]\nqueue_type = \"classic\"\n");
     let port = free_port();
-    let mut cmd = env.worker_command();
-    cmd.args(["--config", config.path()])
-        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
-        .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{port}"));
+    let mut cmd = env.cli(&["worker", "--now", "2026-02-02T09:00:00Z"]);
+    cmd.env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{port}"));
     let worker = Running::spawn(cmd);
     wait_until_ready(port).await;
     env.publish_allowed_denied_invalid().await;

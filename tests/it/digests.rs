@@ -17,14 +17,13 @@ use sendquota::failpoint::{Failpoint, SLOW_IDS_HOLD};
 use sendquota::internals::broker::{self, Publisher};
 use sendquota::internals::dedup::DispatchMarks;
 use sendquota::internals::digest::{self, COUNT_HEADER};
+use support::fixtures::policy;
 use support::private::PrivateRabbit;
 use support::{local, request, TestEnv, OUTCOME_TIMEOUT};
 
 /// One message a day to each recipient; the others are held for the next day's digest. The
 /// flusher looks often, so a test waits little.
-const DAILY_DIGEST: &str = "[worker]\ndigest_flush_interval_ms = 100\n\
-    [[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\n\
-    on_deny = \"digest\"\n";
+const DAILY_DIGEST: &str = policy!("daily_digest");
 
 /// Copies of each held message published back to back: all in flight at once.
 const COPIES: usize = 3;
@@ -386,9 +385,7 @@ async fn a_held_message_past_its_deadline_is_dropped_from_the_digest_and_recorde
 /// One message a day per campaign to each recipient, held messages digested per campaign.
 #[tokio::test]
 async fn digest_by_sends_one_digest_per_campaign() {
-    let config = "[worker]\ndigest_flush_interval_ms = 100\n\
-        [[rules]]\nname = \"per-campaign\"\nkind = \"calendar_quota\"\nper_day = 1\n\
-        per_attributes = [\"campaign\"]\non_deny = \"digest\"\ndigest_by = \"campaign\"\n";
+    let config = policy!("one_a_day_per_campaign_digested_by_campaign");
     let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local("UTC", "2026-02-02 09:00"));
     env.start_worker(&clock);
@@ -734,9 +731,7 @@ const BROKER_MAX_MESSAGE_SIZE: usize = 131_072;
 
 /// Three sends a day (and a week), at the default digest bound; what comes after is held for
 /// the next day's digests.
-const THREE_A_DAY_DIGEST: &str = "[worker]\ndigest_flush_interval_ms = 100\n\
-    [[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 3\n\
-    per_window = 100\non_deny = \"digest\"\n";
+const THREE_A_DAY_DIGEST: &str = policy!("three_a_day_digest");
 
 #[tokio::test]
 async fn held_messages_larger_together_than_the_digest_bound_go_out_as_several_digests_within_it() {

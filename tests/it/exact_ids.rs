@@ -9,14 +9,14 @@
 use crate::support;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use chrono::Utc;
 use sendquota::clock::ManualClock;
+use support::fixtures::policy;
 use support::http::{field, http, link, links, text_of, Console, LOCALHOST};
 use support::{request, TestEnv, ADMIN_TOKEN, ADMIN_TOKEN_NAME};
 
-const HEADLINE: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n";
+const HEADLINE: &str = policy!("headline");
 
 /// A recipient id with a space in front: valid, and not `alice`.
 const PADDED: &str = " alice";
@@ -191,12 +191,9 @@ async fn a_recipient_id_with_spaces_is_used_exactly_as_given_by_the_console_api_
         .filter_map(|d| d["recipient"].as_str())
         .collect();
     assert_eq!(recipients, [PADDED], "{rows}");
-    let cli = env.cli(&["denials", "--recipient", PADDED, "--format", "json"]);
-    let run = tokio::task::spawn_blocking(move || {
-        support::process::run_for(cli, None, Duration::from_secs(30))
-    })
-    .await
-    .expect("run the CLI");
+    let run = env
+        .run_cli("", &["denials", "--recipient", PADDED, "--format", "json"])
+        .await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let recipients: Vec<String> = run
         .stdout

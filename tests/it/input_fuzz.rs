@@ -26,6 +26,7 @@ use sendquota::internals::message::{
 use sendquota::internals::names::{format_character, name_fault, MAX_NAME_CHARS};
 use sendquota::internals::policy::{Policy, ScopeValue};
 use serde_json::Value;
+use support::fixtures::policy;
 
 // ---------------------------------------------------------------------------------------------
 // Running properties and counting executions
@@ -655,105 +656,7 @@ fn a_request_at_the_size_limit_can_be_replayed() {
 const EXAMPLE: &str = include_str!("../../deploy/config.example.toml");
 
 /// A config with every kind, scope and on_deny, admin tokens and non-default settings.
-const EVERY_KIND: &str = r#"namespace = "fuzz.ns"
-default_timezone = "Asia/Shanghai"
-
-[redis]
-url = "redis://:pw@127.0.0.1:6379/0"
-response_timeout_ms = 2000
-
-[amqp]
-url = "amqp://guest:guest@127.0.0.1:5672/%2f"
-prefetch = 16
-queue_type = "classic"
-
-[database]
-url = "postgres://postgres:pw@127.0.0.1:5432/sendquota?sslmode=disable"
-max_connections = 4
-
-[worker]
-concurrency = 8
-max_body_bytes = 1024
-retry_initial_ms = 10
-retry_max_ms = 100
-
-[admin]
-listen = "127.0.0.1:9091"
-tokens = [{ name = "ops", token = "0123456789abcdef0123" }]
-
-[[rules]]
-name = "headline"
-kind = "calendar_quota"
-per_day = 1
-per_window = 3
-window_days = 7
-
-[[rules]]
-name = "fw"
-kind = "fixed_window"
-limit = 10
-window = "1h"
-match = { channels = ["sms"], categories = ["marketing"] }
-scope = "channel"
-on_deny = "delay"
-
-[[rules]]
-name = "sw"
-kind = "sliding_window"
-limit = 5
-window = "10m"
-sub_window = "1m"
-storage = "list"
-
-[[rules]]
-name = "sl"
-kind = "sliding_log"
-sub_window = "1m"
-policies = [{ limit = 3, window = "10m" }, { limit = 5, window = "1h" }]
-
-[[rules]]
-name = "lb"
-kind = "leaky_bucket"
-capacity = 10
-rate = 1
-period = "1s"
-
-[[rules]]
-name = "tb"
-kind = "token_bucket"
-capacity = 10
-rate = 5
-period = "1s"
-cost = 2
-scope = "global"
-on_deny = "shadow"
-
-[[rules]]
-name = "g"
-kind = "gcra"
-rate = 100
-period = "1s"
-burst = 10
-scope = "category"
-
-[[rules]]
-name = "z"
-kind = "zset_window"
-limit = 100
-window = "1m"
-
-[[rules]]
-name = "night"
-kind = "quiet_hours"
-start = "22:00"
-end = "08:00"
-days = ["fri", "sat"]
-
-[[rules]]
-name = "business-hours"
-kind = "send_window"
-windows = { mon = ["09:00-12:00", "13:00-17:30"], sat = ["10:00-24:00"], sun = ["00:00-02:00"] }
-"#;
+const EVERY_KIND: &str = policy!("every_kind_and_every_section");
 
 fn no_env(_: &str) -> Option<String> {
     None

@@ -235,18 +235,9 @@ async fn each_input_no_request_can_carry_lands_in_the_invalid_queue_with_a_reaso
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     env.stop_worker().await;
-    let reasons: HashMap<Vec<u8>, String> = env
-        .drain(&env.names.invalid)
-        .await
-        .into_iter()
-        .map(|m| {
-            let reason = broker::header(&m.delivery.properties, broker::REASON_HEADER)
-                .expect("reason header");
-            (m.delivery.data, reason)
-        })
-        .collect();
+    let reasons = env.invalid_reasons().await;
     for (body, reason) in &table {
-        assert_eq!(reasons.get(body.as_bytes()), Some(reason), "{body}");
+        assert_eq!(reasons.get(*body), Some(reason), "{body}");
     }
     assert_eq!(reasons.len(), table.len());
     assert!(env.denials().await.is_empty());
@@ -356,8 +347,7 @@ async fn oversized_bodies_go_to_the_invalid_queue_whole_within_bounded_memory() 
     // The worker's own defaults, quorum queues included.
     let env = TestEnv::with_queue_type("", sendquota::config::QueueType::Quorum).await;
     let mut worker = env
-        .worker_command()
-        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
+        .cli(&["worker", "--now", "2026-02-02T09:00:00Z"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -9,25 +9,15 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
-use sendquota::internals::broker;
+use support::fixtures::policy;
 use support::http::http;
+use support::process::Run;
 use support::{local, request, TestEnv, ADMIN_TOKEN};
 
-const HEADLINE: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n";
+const HEADLINE: &str = policy!("headline");
 
 /// What a refused leap second's reason says after the field.
 const LEAP: &str = "must not be a leap second (a 60th second): the worker's clock has none";
-
-/// Runs the CLI with `args` off the runtime; its exit code and standard error.
-async fn cli(env: &TestEnv, args: &[&str]) -> (Option<i32>, String) {
-    let cmd = env.cli(args);
-    let run = tokio::task::spawn_blocking(move || {
-        support::process::run_for(cmd, None, Duration::from_secs(30))
-    })
-    .await
-    .expect("run the CLI");
-    (run.code, run.stderr)
-}
 
 #[tokio::test]
 async fn a_leap_second_is_refused_as_a_deadline_and_wherever_else_an_instant_comes_from() {
@@ -57,26 +47,19 @@ async fn a_leap_second_is_refused_as_a_deadline_and_wherever_else_an_instant_com
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let reasons: HashMap<String, String> = env
-        .drain(&env.names.invalid)
-        .await
-        .into_iter()
-        .map(|m| {
-            let reason = broker::header(&m.delivery.properties, broker::REASON_HEADER)
-                .expect("reason header");
-            (String::from_utf8(m.delivery.data).expect("utf-8"), reason)
-        })
-        .collect();
+    let reasons = env.invalid_reasons().await;
     assert_eq!(reasons, expected);
 
     let message = r#"{"id":"m","recipient":"bob","channel":"sms"}"#;
-    let (code, stderr) = cli(&env, &["check", "--message", message, "--at", leaps[0]]).await;
+    let Run { code, stderr, .. } = env
+        .run_cli("", &["check", "--message", message, "--at", leaps[0]])
+        .await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("--at: 2016-12-31T23:59:60Z is a leap second"),
         "{stderr}"
     );
-    let (code, stderr) = cli(&env, &["denials", "--since", leaps[1]]).await;
+    let Run { code, stderr, .. } = env.run_cli("", &["denials", "--since", leaps[1]]).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("2016-12-31T23:59:60.500Z is a leap second"),

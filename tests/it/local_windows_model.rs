@@ -17,6 +17,7 @@ use chrono_tz::Tz;
 use proptest::prelude::*;
 use sendquota::internals::deadline::Receipt;
 use sendquota::internals::decision;
+use support::fixtures::policy;
 use support::model::{decoded, policy, LimiterHarness};
 
 const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
@@ -255,8 +256,9 @@ fn send_windows_at_clock_changes_open_at_the_instants_the_wall_clock_says() {
         ),
     ];
     for (i, (windows, zone, now, opens, reason)) in cases.into_iter().enumerate() {
-        let policy = policy(&format!(
-            "[[rules]]\nname = \"w\"\nkind = \"send_window\"\nwindows = {{ {windows} }}\n"
+        let policy = policy(&policy!(
+            "send_window_with_given_windows",
+            windows = windows
         ));
         let zone: Tz = zone.parse().expect("zone");
         let got = decide(&h, &policy, &format!("p{i}"), utc(now), zone);

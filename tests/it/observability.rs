@@ -8,7 +8,7 @@ use sendquota::internals::telemetry::DECISION_LOG;
 use serde_json::Value;
 
 use crate::support::process::Running;
-use crate::support::{TempFile, TestEnv};
+use crate::support::TestEnv;
 
 const RECIPIENT_KEY: &str = "log-test-key-0123456789";
 
@@ -29,11 +29,11 @@ fn hashed(recipient: &str) -> String {
 async fn json_logs_are_one_object_per_line_and_each_decision_names_message_recipient_rule_and_outcome(
 ) {
     let env = TestEnv::new().await;
-    let config = TempFile::new("[amqp]\nqueue_type = \"classic\"\n[log]\nrecipient = \"hash\"\n");
-    let mut cmd = env.worker_command();
-    cmd.args(["--config", config.path()])
-        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
-        .env("SENDQUOTA_LOG_FORMAT", "json")
+    let mut cmd = env.cli_with(
+        "[log]\nrecipient = \"hash\"\n",
+        &["worker", "--now", "2026-02-02T09:00:00Z"],
+    );
+    cmd.env("SENDQUOTA_LOG_FORMAT", "json")
         .env("SENDQUOTA_LOG", "info,lapin=off,sendquota::decisions=debug")
         .env("SENDQUOTA_LOG_RECIPIENT_KEY", RECIPIENT_KEY);
     let worker = Running::spawn(cmd);

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use sendquota::clock::ManualClock;
+use support::fixtures::policy;
 use support::{local, request, TestEnv};
-
-const HEADLINE: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n";
 
 async fn members(env: &TestEnv, key: &str) -> Vec<String> {
     env.redis.clone().zrange(key, 0, -1).await.expect("zrange")
@@ -26,7 +25,7 @@ fn headline_key(env: &TestEnv, recipient: &str) -> String {
 /// Alice's message passes both rules; Bob's first message passes the headline rule (his own
 /// quota) but the global rule refuses it: Bob's headline quota must be refunded exactly.
 async fn second_rule_refuses_and_headline_is_refunded(rule: &str, first_at: &str, second_at: &str) {
-    let config = format!("{HEADLINE}\n[[rules]]\nname = \"second\"\nscope = \"global\"\n{rule}\n");
+    let config = policy!("headline_and_a_global_second_rule", rule = rule);
     let mut env = TestEnv::with_config(&config).await;
     let clock = ManualClock::new(local("UTC", first_at));
     env.start_worker(&clock);
@@ -89,10 +88,8 @@ next_to_headline! {
 
 #[tokio::test]
 async fn a_message_refused_by_one_rule_of_a_scope_consumes_nothing_in_the_others() {
-    let config = format!(
-        "{HEADLINE}\n[[rules]]\nname = \"spacing\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"3d\"\n"
-    );
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("headline_and_one_in_three_days");
+    let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
     let mut seen = HashMap::new();
@@ -112,10 +109,8 @@ async fn a_message_refused_by_one_rule_of_a_scope_consumes_nothing_in_the_others
 
 #[tokio::test]
 async fn a_shadow_rule_records_what_it_would_deny_and_the_message_is_dispatched() {
-    let config = format!(
-        "{HEADLINE}per_day = 5\nper_window = 10\n\n[[rules]]\nname = \"trial\"\nkind = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\non_deny = \"shadow\"\n"
-    );
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("headline_five_a_day_and_a_shadow_trial_rule");
+    let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
     let mut seen = HashMap::new();
@@ -144,7 +139,7 @@ async fn a_shadow_rule_records_what_it_would_deny_and_the_message_is_dispatched(
 
 #[tokio::test]
 async fn a_delay_rule_parks_the_message_until_it_allows_then_dispatches_it_once() {
-    let config = "[[rules]]\nname = \"pace\"\nkind = \"gcra\"\nrate = 1\nperiod = \"10s\"\nburst = 1\non_deny = \"delay\"\n";
+    let config = policy!("pace_one_per_10s_delayed");
     let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
     env.start_worker(&clock);
@@ -181,7 +176,7 @@ async fn changing_a_rules_limits_keeps_its_counters() {
     let env = TestEnv::new().await;
     let rule = |limit: u32| {
         Settings::from_toml(
-            &format!("[[rules]]\nname = \"w\"\nkind = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n"),
+            &policy!("fixed_window_w_of_limit_per_hour", limit = limit),
             |_| None,
         )
         .expect("valid")
@@ -253,10 +248,8 @@ async fn a_scope_of_two_thousand_rules_is_decided_with_every_rules_result_in_its
 /// refused again).
 #[tokio::test]
 async fn retry_after_skips_a_quiet_period_that_begins_when_the_refusal_ends() {
-    let config = format!(
-        "{HEADLINE}\n[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"00:00\"\nend = \"01:00\"\n"
-    );
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("headline_and_quiet_from_midnight_to_one");
+    let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 22:00"));
     env.start_worker(&clock);
     let mut seen = HashMap::new();
@@ -283,11 +276,8 @@ async fn retry_after_skips_a_quiet_period_that_begins_when_the_refusal_ends() {
 async fn check_the_admin_check_and_the_worker_give_the_same_retry_after_past_quiet_hours() {
     const ZONE: &str = "Europe/Paris";
     const TOKEN: &str = support::ADMIN_TOKEN;
-    let config = format!(
-        "{HEADLINE}\n[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
-         end = \"08:00\"\non_deny = \"delay\"\n"
-    );
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("headline_and_quiet_nights_delayed");
+    let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local(ZONE, "2026-04-01 09:00"));
     let port = env.start_admin_worker(&clock).await;
     let mut seen = HashMap::new();
@@ -300,17 +290,12 @@ async fn check_the_admin_check_and_the_worker_give_the_same_retry_after_past_qui
     let expected = local(ZONE, "2026-04-02 08:00");
     let expected_text = expected.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
 
-    let file = std::env::temp_dir().join(format!("{}.toml", env.namespace));
-    std::fs::write(&file, &config).expect("config file");
-    let mut cli = env.worker_command();
-    cli.args(["--config", file.to_str().expect("utf-8 path"), "check"])
-        .args(["--message", &second.to_string(), "--at", &at_text]);
-    let run = tokio::task::spawn_blocking(move || {
-        support::process::run_for(cli, None, Duration::from_secs(30))
-    })
-    .await
-    .expect("run check");
-    let _ = std::fs::remove_file(&file);
+    let run = env
+        .run_cli(
+            config,
+            &["check", "--message", &second.to_string(), "--at", &at_text],
+        )
+        .await;
     assert_eq!(run.code, Some(0), "{run:?}");
     let checked: serde_json::Value = serde_json::from_str(&run.stdout).expect("one JSON object");
     assert_eq!(

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
+use support::fixtures::policy;
 use support::{local, request, TestEnv};
 
 const ZONE: &str = "Europe/Berlin";
@@ -33,19 +34,12 @@ async fn publish_copies(env: &TestEnv, message: &serde_json::Value, copies: usiz
     }
 }
 
-fn one_a_day(extra: &str) -> String {
-    format!(
-        "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\nper_window = 3\n\
-         window_days = 7\n{extra}"
-    )
-}
-
 /// Yesterday's kind of promotion takes the day's slot; the password reset after it still goes
 /// out, and the next promotion is denied: the critical one was not counted.
 #[tokio::test]
 async fn a_critical_message_passes_a_cap_the_day_already_used() {
-    let config = one_a_day("exempt = [\"critical\"]\n");
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("daily_critical_exempt");
+    let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local(ZONE, "2026-06-01 09:00"));
     env.start_worker(&clock);
     let mut seen = HashMap::new();
@@ -68,7 +62,7 @@ async fn a_critical_message_passes_a_cap_the_day_already_used() {
 
     let at = local(ZONE, "2026-06-01 10:00").to_rfc3339();
     let checked = env.check(
-        &config,
+        config,
         &at,
         &prioritized("reset-2", "ben", Some("critical")),
     );
@@ -85,8 +79,8 @@ async fn a_critical_message_passes_a_cap_the_day_already_used() {
 /// slot when there is one: the promotion after it is denied.
 #[tokio::test]
 async fn an_exempt_message_that_counts_takes_the_slot_and_is_never_held_back() {
-    let config = one_a_day("exempt = [\"critical\", \"high\"]\nexempt_counts = true\n");
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("daily_critical_and_high_exempt_and_counted");
+    let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local(ZONE, "2026-06-01 09:00"));
     env.start_worker(&clock);
     let mut seen = HashMap::new();
@@ -119,11 +113,8 @@ async fn an_exempt_message_that_counts_takes_the_slot_and_is_never_held_back() {
 /// anyone may take what is left.
 #[tokio::test]
 async fn a_reserved_slot_parks_a_normal_message_until_the_reservation_lapses() {
-    let config = format!(
-        "{}on_deny = \"delay\"\nreserve = {{ slots = 1, for = \"high\", until = \"18:00\" }}\n",
-        one_a_day("")
-    );
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("daily_slot_kept_for_high_until_18_delayed");
+    let mut env = TestEnv::with_config(config).await;
     let morning = local(ZONE, "2026-06-01 09:00");
     let clock = ManualClock::new(morning);
     env.start_worker(&clock);
@@ -147,7 +138,7 @@ async fn a_reserved_slot_parks_a_normal_message_until_the_reservation_lapses() {
     assert!(env.denials().await.is_empty());
 
     let at = morning.to_rfc3339();
-    let checked = env.check(&config, &at, &prioritized("digest-2", "cem", None));
+    let checked = env.check(config, &at, &prioritized("digest-2", "cem", None));
     assert_eq!(checked["outcome"], "delay");
     assert_eq!(checked["retry_after"], "2026-06-01T16:00:00Z");
     assert_eq!(
@@ -202,7 +193,7 @@ fn in_utc(id: &str, recipient: &str, priority: &str) -> serde_json::Value {
 /// or the next morning; a millisecond before that instant it is still refused.
 #[tokio::test]
 async fn a_refusal_under_a_reservation_names_the_first_instant_that_admits_the_message() {
-    let config = include_str!("../fixtures/policies/headline_reserved.toml");
+    let config = policy!("headline_reserved");
     let env = TestEnv::with_config(config).await;
     let high = check(
         &env,
@@ -237,7 +228,7 @@ async fn a_refusal_under_a_reservation_names_the_first_instant_that_admits_the_m
 /// normal message after it is denied.
 #[tokio::test]
 async fn an_exempt_message_that_counts_leaves_the_reserved_slot_to_the_higher_priority() {
-    let config = include_str!("../fixtures/policies/exempt_below_reserve.toml");
+    let config = policy!("exempt_below_reserve");
     let env = TestEnv::with_config(config).await;
     let high = check(
         &env,
@@ -297,11 +288,8 @@ async fn an_exempt_message_that_counts_leaves_the_reserved_slot_to_the_higher_pr
 /// when the day is full, in a shorter one.
 #[tokio::test]
 async fn a_delay_rule_parks_a_message_kept_from_the_reserved_slot_until_it_is_admitted() {
-    let config = format!(
-        "{}on_deny = \"delay\"\nreserve = {{ slots = 1, for = \"high\", until = \"18:00\" }}\n",
-        one_a_day("")
-    );
-    let mut env = TestEnv::with_config(&config).await;
+    let config = policy!("daily_slot_kept_for_high_until_18_delayed");
+    let mut env = TestEnv::with_config(config).await;
     let morning = local(ZONE, "2026-06-01 09:00");
     let clock = ManualClock::new(morning);
     env.start_worker(&clock);

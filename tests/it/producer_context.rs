@@ -12,6 +12,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
+use support::fixtures::policy;
 use support::{local, request, TestEnv};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -105,8 +106,7 @@ async fn first_in(env: &TestEnv, queue: &str) -> lapin::message::BasicGetMessage
 /// Dispatched, parked for quiet hours and back, and invalid: each copy carries the context.
 #[tokio::test]
 async fn the_producers_context_reaches_the_sender_and_every_queue_the_message_visits() {
-    let config = "[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
-        end = \"07:00\"\non_deny = \"delay\"\n";
+    let config = policy!("quiet_from_22_to_7_delayed");
     let mut env = TestEnv::with_config(config).await;
     let clock = ManualClock::new(local("UTC", "2026-05-04 12:00"));
     env.start_worker(&clock);

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
-use sendquota::internals::broker;
 use sendquota::internals::names::NAME_GRAMMAR;
 use serde_json::json;
 use support::{local, request, TestEnv};
@@ -38,15 +37,7 @@ async fn reasons_of(bodies: &[String]) -> HashMap<String, String> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     env.stop_worker().await;
-    env.drain(&env.names.invalid)
-        .await
-        .into_iter()
-        .map(|m| {
-            let reason = broker::header(&m.delivery.properties, broker::REASON_HEADER)
-                .expect("reason header");
-            (String::from_utf8(m.delivery.data).expect("utf-8"), reason)
-        })
-        .collect()
+    env.invalid_reasons().await
 }
 
 /// The same hostile value in the time zone, the priority, `expires_at`, the cost, an

@@ -79,19 +79,13 @@ async fn replay_all(env: &TestEnv, store: &DenialStore) -> usize {
     .replayed
 }
 
-fn binary(env: &TestEnv, config: &std::path::Path) -> Command {
-    let mut cmd = env.worker_command();
-    cmd.args(["--config", config.to_str().expect("utf-8")])
-        .env("SENDQUOTA_LOG", "off")
+/// `sendquota <args>` for `env` ([`TestEnv::cli`]), logging off, its output piped.
+fn binary(env: &TestEnv, args: &[&str]) -> Command {
+    let mut cmd = env.cli(args);
+    cmd.env("SENDQUOTA_LOG", "off")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
-}
-
-fn classic_config(env: &TestEnv) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("{}-replay.toml", env.namespace));
-    std::fs::write(&path, "[amqp]\nqueue_type = \"classic\"\n").expect("config");
-    path
 }
 
 #[tokio::test]
@@ -210,12 +204,9 @@ async fn a_replay_claims_whole_batches_and_stops_at_the_limit() {
 async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
     let env = TestEnv::new().await;
     seed_denials(&env, 3).await;
-    let config = classic_config(&env);
-    let out = binary(&env, &config)
-        .args(["replay", "--dry-run"])
+    let out = binary(&env, &["replay", "--dry-run"])
         .output()
         .expect("run replay");
-    let _ = std::fs::remove_file(&config);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -242,14 +233,11 @@ async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
 async fn the_rate_limit_holds() {
     let env = TestEnv::new().await;
     seed_denials(&env, 21).await;
-    let config = classic_config(&env);
     let started = Instant::now();
-    let out = binary(&env, &config)
-        .args(["replay", "--rate", "20/s"])
+    let out = binary(&env, &["replay", "--rate", "20/s"])
         .output()
         .expect("run replay");
     let elapsed = started.elapsed();
-    let _ = std::fs::remove_file(&config);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -268,19 +256,13 @@ async fn the_rate_limit_holds() {
 async fn a_replay_killed_midway_and_run_again_publishes_each_denial_once_more_at_most_in_flight() {
     let env = TestEnv::new().await;
     seed_denials(&env, 60).await;
-    let config = classic_config(&env);
-    let mut first = binary(&env, &config)
-        .args(["replay", "--rate", "40/s"])
+    let mut first = binary(&env, &["replay", "--rate", "40/s"])
         .spawn()
         .expect("start replay");
     tokio::time::sleep(Duration::from_millis(700)).await;
     first.kill().expect("SIGKILL the replay");
     let _ = first.wait();
-    let out = binary(&env, &config)
-        .args(["replay"])
-        .output()
-        .expect("second replay");
-    let _ = std::fs::remove_file(&config);
+    let out = binary(&env, &["replay"]).output().expect("second replay");
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -313,9 +295,7 @@ async fn a_payload_number_beyond_f64_is_listed_and_replayed_as_written() {
     env.publish_raw(body.as_bytes()).await;
     assert!(!env.outcome("b2", &mut seen).await);
 
-    let config = classic_config(&env);
-    let listed = binary(&env, &config)
-        .args(["denials", "--format", "json"])
+    let listed = binary(&env, &["denials", "--format", "json"])
         .output()
         .expect("run denials");
     let listed = String::from_utf8(listed.stdout).expect("utf-8");
@@ -337,7 +317,6 @@ async fn a_payload_number_beyond_f64_is_listed_and_replayed_as_written() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     env.stop_worker().await;
-    let _ = std::fs::remove_file(&config);
     assert!(
         dispatched.contains(&format!(r#""payload":{PAYLOAD}"#)),
         "the replayed payload as written: {dispatched}"

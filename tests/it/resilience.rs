@@ -17,6 +17,7 @@ use sendquota::failpoint::Failpoint;
 use sendquota::internals::broker::{self, Publisher};
 use sendquota::internals::keys::{claims_key, scope_tag};
 use sendquota::internals::policy::ScopeValue;
+use support::fixtures::policy;
 use support::http::http;
 use support::private::{free_port, PrivateRabbit};
 use support::{local, request, TestEnv};
@@ -102,22 +103,17 @@ async fn queued(env: &TestEnv) -> u32 {
 #[tokio::test]
 async fn sigterm_finishes_in_flight_messages_exits_0_and_loses_nothing() {
     let env = TestEnv::new().await;
-    let config = std::env::temp_dir().join(format!("{}-term.toml", env.namespace));
-    std::fs::write(
-        &config,
-        "[amqp]\nqueue_type = \"classic\"\nprefetch = 20\n[worker]\nconcurrency = 20\n",
-    )
-    .expect("config");
+    let config = "prefetch = 20\n[worker]\nconcurrency = 20\n";
     let n = 400;
     env.publish_two_per_recipient(n).await;
-    let worker = spawn_worker(&env, &config, free_port());
+    let worker = spawn_worker(&env, config, free_port());
     // Stop it while it is busy.
     let deadline = Instant::now() + Duration::from_secs(20);
     while queued(&env).await as usize > n * 3 / 4 {
         assert!(Instant::now() < deadline, "the worker started consuming");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    stop_cleanly(worker, &config);
+    stop_cleanly(worker);
 
     // Everything is decided exactly once or still queued: dispatched + denied + waiting = n.
     let dispatched = env.take_dispatched().await;
@@ -136,16 +132,10 @@ async fn sigterm_finishes_in_flight_messages_exits_0_and_loses_nothing() {
 async fn the_worker_runs_on_as_many_runtime_threads_as_configured() {
     let env = TestEnv::new().await;
     for (worker_toml, threads) in [("", 1), ("[worker]\nthreads = 3\n", 3)] {
-        let config = std::env::temp_dir().join(format!("{}-threads{threads}.toml", env.namespace));
-        std::fs::write(
-            &config,
-            format!("[amqp]\nqueue_type = \"classic\"\n{worker_toml}"),
-        )
-        .expect("config");
         let id = format!("m-threads{threads}");
         env.publish(&request(&id, &id, "UTC")).await;
         let port = free_port();
-        let worker = spawn_worker(&env, &config, port);
+        let worker = spawn_worker(&env, worker_toml, port);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !env.take_dispatched().await.contains(&id) {
             assert!(Instant::now() < deadline, "{id} dispatched");
@@ -160,22 +150,15 @@ async fn the_worker_runs_on_as_many_runtime_threads_as_configured() {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or_else(|| panic!("the runtime's worker threads in /metrics:\n{metrics}"))
             as usize;
-        stop_cleanly(worker, &config);
+        stop_cleanly(worker);
         assert_eq!(runtime_threads, threads, "config {worker_toml:?}");
     }
 }
 
-/// Starts the worker binary on `config`, against `env`'s services and namespace, its admin API
-/// on `admin_port`.
-fn spawn_worker(env: &TestEnv, config: &std::path::Path, admin_port: u16) -> std::process::Child {
-    env.worker_command()
-        .args([
-            "--config",
-            config.to_str().expect("utf-8"),
-            "worker",
-            "--now",
-            "2026-04-01T09:00:00Z",
-        ])
+/// Starts the worker binary with `config` ([`TestEnv::cli_with`]), against `env`'s services and
+/// namespace, its admin API on `admin_port`.
+fn spawn_worker(env: &TestEnv, config: &str, admin_port: u16) -> std::process::Child {
+    env.cli_with(config, &["worker", "--now", "2026-04-01T09:00:00Z"])
         .env("SENDQUOTA_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -183,11 +166,9 @@ fn spawn_worker(env: &TestEnv, config: &std::path::Path, admin_port: u16) -> std
         .expect("start the worker")
 }
 
-/// Sends SIGTERM to `worker`, waits for it, removes its config file and checks that it
-/// exited with 0.
-fn stop_cleanly(worker: std::process::Child, config: &std::path::Path) {
+/// Sends SIGTERM to `worker`, waits for it and checks that it exited with 0.
+fn stop_cleanly(worker: std::process::Child) {
     let out = crate::support::process::terminate(worker);
-    let _ = std::fs::remove_file(config);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -555,8 +536,7 @@ async fn a_deleted_quarantine_queue_is_declared_again_for_the_next_poison_messag
 /// the 6-hour delay queue, declared again, with the instant it waits for.
 #[tokio::test]
 async fn a_deleted_delay_queue_is_declared_again_for_the_next_delayed_message() {
-    let quiet = "[[rules]]\nname = \"night\"\nkind = \"quiet_hours\"\nstart = \"22:00\"\n\
-                 end = \"08:00\"\non_deny = \"delay\"\n";
+    let quiet = policy!("quiet_nights_delayed");
     let mut env = TestEnv::with_config(quiet).await;
     let clock = ManualClock::new(local("UTC", "2026-04-01 21:00"));
     env.start_worker(&clock);

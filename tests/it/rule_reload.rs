@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::internals::reload::policy_hash;
+use support::fixtures::policy;
 use support::http::{http, wait_until_ready};
 use support::process::Running;
 use support::{request, TempFile, TestEnv};
@@ -18,11 +19,10 @@ const TOKEN: &str = "reload-token-0123456789abcdef";
 /// The queue type the test environment declared its queues with: the worker must agree.
 const CLASSIC: &str = "[amqp]\nqueue_type = \"classic\"\n";
 
-const HEADLINE: &str = "[[rules]]\nname = \"headline\"\nkind = \"calendar_quota\"\n";
+const HEADLINE: &str = policy!("headline");
 
 /// A rule that no sms or email message meets: adding it changes nothing for them.
-const PUSH_ONLY: &str = "[[rules]]\nname = \"push-burst\"\nkind = \"fixed_window\"\nlimit = 1\n\
-                         window = \"1h\"\nmatch = { channels = [\"push\"] }\n";
+const PUSH_ONLY: &str = policy!("push_burst_only");
 
 /// The `sendquota worker` binary at a fixed instant, reading its rules from a file the test
 /// rewrites, with its admin API (token named `env`) on a free port.
@@ -117,7 +117,7 @@ async fn an_api_reload_changes_the_next_decisions_and_unchanged_rules_keep_their
         "the unchanged headline rule still counts the first message"
     );
 
-    let raised = format!("{HEADLINE}per_day = 2\n\n{PUSH_ONLY}");
+    let raised = format!("{}\n{PUSH_ONLY}", policy!("headline_two_a_day"));
     worker.write_rules(&raised);
     let reply = worker.reload(Some(TOKEN)).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -162,7 +162,7 @@ async fn a_bad_file_is_refused_with_its_error_and_the_running_rules_stay() {
     let env = TestEnv::new().await;
     let worker = Worker::start(&env, HEADLINE).await;
 
-    worker.write_rules("[[rules]]\nname = \"headline\"\nkind = \"calendar_qouta\"\n");
+    worker.write_rules(policy!("headline_misspelt_kind"));
     let reply = worker.reload(Some(TOKEN)).await;
     assert_eq!(reply.status, 400, "{}", reply.body);
     let error = reply.json()["error"].as_str().expect("error").to_owned();
@@ -218,8 +218,7 @@ async fn a_bad_file_is_refused_with_its_error_and_the_running_rules_stay() {
 async fn sighup_reloads_and_rules_history_shows_the_change() {
     let env = TestEnv::new().await;
     let worker = Worker::start(&env, HEADLINE).await;
-    let global = "[[rules]]\nname = \"global-one\"\nkind = \"fixed_window\"\nlimit = 1\n\
-                  window = \"1h\"\nscope = \"global\"\n";
+    let global = policy!("global_one_an_hour");
     let rules = format!("{HEADLINE}\n{global}");
     worker.write_rules(&rules);
     let hup = std::process::Command::new("kill")
@@ -242,13 +241,8 @@ async fn sighup_reloads_and_rules_history_shows_the_change() {
     assert_eq!(denials.len(), 1);
     assert_eq!(denials[0].rule, "global-one");
 
-    let history = |format: &'static str| {
-        let cmd = env.cli(&["rules", "history", "--format", format]);
-        tokio::task::spawn_blocking(move || {
-            support::process::run_for(cmd, None, Duration::from_secs(30))
-        })
-    };
-    let json = history("json").await.expect("run rules history");
+    let history = |format: &'static str| env.run_cli("", &["rules", "history", "--format", format]);
+    let json = history("json").await;
     assert_eq!(json.code, Some(0), "{json:?}");
     let rows: Vec<serde_json::Value> = json
         .stdout
@@ -274,7 +268,7 @@ async fn sighup_reloads_and_rules_history_shows_the_change() {
         "{}",
         rows[0]
     );
-    let table = history("table").await.expect("run rules history");
+    let table = history("table").await;
     assert_eq!(table.code, Some(0), "{table:?}");
     let lines: Vec<&str> = table.stdout.lines().collect();
     assert!(
@@ -300,12 +294,7 @@ async fn sighup_reloads_and_rules_history_shows_the_change() {
 #[tokio::test]
 async fn messages_in_flight_during_a_reload_are_each_decided_under_one_policy() {
     const BATCH: usize = 200;
-    let shadow = |name: &str| {
-        format!(
-            "[[rules]]\nname = \"{name}\"\nkind = \"quiet_hours\"\nstart = \"00:00\"\n\
-             end = \"23:59\"\non_deny = \"shadow\"\n"
-        )
-    };
+    let shadow = |name: &str| policy!("shadow_quiet_around_the_clock", name = name);
     let env = TestEnv::new().await;
     let worker = Worker::start(&env, &shadow("old-policy")).await;
     let id = |i: usize| format!("m{i}");
@@ -371,17 +360,12 @@ fn unit_rules(changed: bool) -> String {
     } else {
         (1, 5, "6m", "hash")
     };
-    format!(
-        "[[rules]]\nname = \"tokens\"\nkind = \"token_bucket\"\ncapacity = 10\nrate = {rate}\n\
-         period = \"1h\"\nmatch = {{ channels = [\"token\"] }}\n\n\
-         [[rules]]\nname = \"level\"\nkind = \"leaky_bucket\"\ncapacity = 10\nrate = {rate}\n\
-         period = \"1h\"\nmatch = {{ channels = [\"leaky\"] }}\n\n\
-         [[rules]]\nname = \"cells\"\nkind = \"gcra\"\nrate = {cells}\nperiod = \"1h\"\n\
-         burst = 10\nmatch = {{ channels = [\"gcra\"] }}\n\n\
-         [[rules]]\nname = \"subs\"\nkind = \"sliding_window\"\nlimit = 5\nwindow = \"1h\"\n\
-         sub_window = \"{sub}\"\nmatch = {{ channels = [\"sub\"] }}\n\n\
-         [[rules]]\nname = \"stored\"\nkind = \"sliding_window\"\nlimit = 5\nwindow = \"1h\"\n\
-         sub_window = \"6m\"\nstorage = \"{storage}\"\nmatch = {{ channels = [\"storage\"] }}\n"
+    policy!(
+        "bucket_and_window_units",
+        rate = rate,
+        cells = cells,
+        sub = sub,
+        storage = storage
     )
 }
 
@@ -459,7 +443,7 @@ async fn a_reload_error_does_not_reveal_the_config_file_s_path_to_the_caller() {
         .expect("a file name")
         .to_owned();
 
-    worker.write_rules("[[rules]\nname = \"headline\"\n");
+    worker.write_rules(policy!("headline_unclosed_table_header"));
     let reply = worker.reload(Some(TOKEN)).await;
     assert_eq!(reply.status, 400, "{}", reply.body);
     let error = reply.json()["error"].as_str().expect("error").to_owned();

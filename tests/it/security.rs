@@ -335,9 +335,7 @@ async fn the_worker_exits_1_when_the_broker_is_unreachable_at_start() {
         .env("SENDQUOTA_REDIS_URL", support::redis_url())
         .env("SENDQUOTA_DATABASE_URL", &env.database_url)
         .args(["worker", "--now", "2026-02-02T09:00:00Z"]);
-    let run = tokio::task::spawn_blocking(move || run_for(cmd, None, Duration::from_secs(30)))
-        .await
-        .expect("run the worker");
+    let run = support::process::run_to_end(cmd).await;
     assert_eq!(run.code, Some(1), "{run:?}");
 }
 
@@ -602,13 +600,9 @@ async fn sql_metacharacters_in_a_denied_message_are_stored_and_listed_back_verba
     }
 
     // The CLI filter too.
-    let mut cmd = support::process::sendquota();
-    cmd.env("SENDQUOTA_LOG", "off")
-        .env("SENDQUOTA_DATABASE_URL", &env.database_url)
-        .args(["denials", "--recipient", &recipient, "--format", "json"]);
-    let run = tokio::task::spawn_blocking(move || run_for(cmd, None, Duration::from_secs(30)))
-        .await
-        .expect("run the binary");
+    let mut cmd = env.cli(&["denials", "--recipient", &recipient, "--format", "json"]);
+    cmd.env("SENDQUOTA_LOG", "off");
+    let run = support::process::run_to_end(cmd).await;
     assert_eq!(run.code, Some(0), "{run:?}");
     let listed: Vec<serde_json::Value> = run
         .stdout

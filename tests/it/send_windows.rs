@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
+use support::fixtures::policy;
 use support::{local, request, TestEnv};
 
 /// docs/rules.md's example: business hours in the recipient's zone.
-const BUSINESS_HOURS: &str = "[[rules]]\nname = \"business-hours\"\nkind = \"send_window\"\n\
-    on_deny = \"delay\"\n\
-    windows = { mon = [\"09:00-12:00\", \"13:00-17:30\"], tue = [\"09:00-17:30\"], \
-    sat = [\"10:00-14:00\"] }\n";
+const BUSINESS_HOURS: &str = policy!("business_hours_delayed");
 
 /// Paris moves from 02:00 CET to 03:00 CEST on Sunday 2026-03-29.
 const ZONE: &str = "Europe/Paris";
@@ -98,8 +96,7 @@ async fn a_message_outside_the_send_windows_waits_for_the_next_opening_and_one_i
     assert_eq!(env.keys_without_expiry().await, Vec::<String>::new());
 }
 
-const WEEKEND_NIGHTS: &str = "[[rules]]\nname = \"weekend-nights\"\nkind = \"quiet_hours\"\n\
-    start = \"22:00\"\nend = \"07:00\"\ndays = [\"fri\", \"sat\"]\n";
+const WEEKEND_NIGHTS: &str = policy!("quiet_weekend_nights");
 
 /// Quiet from 22:00 to 07:00 on the nights that start on Friday and Saturday, in Paris: a
 /// message on Thursday and on Sunday night goes out; copies of one on Friday night are denied

@@ -24,7 +24,7 @@ use sendquota::clock::ManualClock;
 use sendquota::internals::broker;
 use sendquota::internals::traces;
 
-use crate::support::{local, request, TempFile, TestEnv, OUTCOME_TIMEOUT};
+use crate::support::{local, request, TestEnv, OUTCOME_TIMEOUT};
 
 const TRACESTATE: &str = "congo=t61rcWkgMzE";
 
@@ -378,16 +378,13 @@ async fn each_messages_spans_reach_the_collector_as_children_of_the_producers_sp
 async fn without_an_endpoint_no_span_is_exported_and_the_producers_traceparent_goes_on() {
     let collector = Collector::start().await;
     let env = TestEnv::new().await;
-    let config = TempFile::new("[amqp]\nqueue_type = \"classic\"\n");
-    let mut cmd = env.worker_command();
-    cmd.args(["--config", config.path()])
-        .args(["worker", "--now", "2026-02-02T09:00:00Z"])
-        .env(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            format!("{}/v1/traces", collector.endpoint()),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut cmd = env.cli(&["worker", "--now", "2026-02-02T09:00:00Z"]);
+    cmd.env(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        format!("{}/v1/traces", collector.endpoint()),
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
     let worker = cmd.spawn().expect("start the worker");
     publish_pairs(&env, 1).await;
     let dispatched = outcomes(&env, 1, 1).await;

@@ -18,6 +18,7 @@ use sendquota::failpoint::Failpoint;
 use sendquota::internals::denials::{DenialFilter, DenialStore};
 use sendquota::internals::store::RedisConn;
 use sendquota::internals::telemetry;
+use support::fixtures::policy;
 use support::http::{http, wait_until_ready};
 use support::private::{free_port, PrivateRedis, PrivateRedisCluster};
 use support::{local, request, TestEnv, OUTCOME_TIMEOUT};
@@ -27,13 +28,10 @@ use support::{local, request, TestEnv, OUTCOME_TIMEOUT};
 const CHANNEL: &str = "fail-open";
 
 /// The headline caps on [`CHANNEL`], failing open.
-const ALLOW: &str = "[[rules]]\nname = \"daily\"\nkind = \"calendar_quota\"\nper_day = 1\n\
-    per_window = 3\nwindow_days = 7\nmatch = { channels = [\"fail-open\"] }\n\
-    on_unavailable = \"allow\"\n";
+const ALLOW: &str = policy!("daily_on_fail_open_allowing_when_unavailable");
 
 /// A rule on [`CHANNEL`] that waits for Redis (the default).
-const STRICT: &str = "[[rules]]\nname = \"hourly\"\nkind = \"fixed_window\"\nlimit = 10\n\
-    window = \"1h\"\nmatch = { channels = [\"fail-open\"] }\n";
+const STRICT: &str = policy!("ten_an_hour_on_fail_open");
 
 /// A request on [`CHANNEL`].
 fn message(id: &str, recipient: &str) -> serde_json::Value {

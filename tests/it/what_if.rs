@@ -7,48 +7,12 @@
 use crate::support;
 
 use serde_json::{json, Value};
+use support::fixtures::policy;
 use support::TestEnv;
 
 /// One rule of each counting kind, each allowing one send in the hour (the calendar quota the
 /// headline rule: one a local day, three in seven), named after its kind.
-const ONE_EACH: &str = "
-[[rules]]
-name = \"calendar_quota\"
-kind = \"calendar_quota\"
-
-[[rules]]
-name = \"fixed_window\"
-kind = \"fixed_window\"
-limit = 1
-window = \"1h\"
-
-[[rules]]
-name = \"sliding_window_hash\"
-kind = \"sliding_window\"
-limit = 1
-window = \"1h\"
-sub_window = \"6m\"
-
-[[rules]]
-name = \"sliding_window_list\"
-kind = \"sliding_window\"
-limit = 1
-window = \"1h\"
-sub_window = \"6m\"
-storage = \"list\"
-
-[[rules]]
-name = \"sliding_log\"
-kind = \"sliding_log\"
-sub_window = \"1h\"
-policies = [{ limit = 1, window = \"1h\" }, { limit = 2, window = \"1d\" }]
-
-[[rules]]
-name = \"zset_window\"
-kind = \"zset_window\"
-limit = 1
-window = \"1h\"
-";
+const ONE_EACH: &str = policy!("one_an_hour_of_each_counting_kind");
 
 /// `check --commit` of `message` at `at`, which must admit it under `config`.
 fn commit(env: &TestEnv, config: &str, at: &str, message: &Value) {

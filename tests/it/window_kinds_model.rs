@@ -25,6 +25,7 @@ use sendquota::internals::kinds::human_ms;
 use sendquota::internals::message::SendRequest;
 use sendquota::internals::outcome::Verdict;
 use sendquota::internals::policy::{Policy, ScopeValue};
+use support::fixtures::policy;
 use support::model::LimiterHarness;
 
 // ---------------------------------------------------------------------------------------------
@@ -1087,8 +1088,7 @@ fn sliding_log_names_the_policy_that_refused() {
 
 #[test]
 fn sliding_log_with_a_shorter_window_allowing_more_is_refused_at_config_load() {
-    let toml = "[[rules]]\nname = \"w\"\nkind = \"sliding_log\"\nsub_window = \"1s\"\n\
-                policies = [{ limit = 3, window = \"1m\" }, { limit = 5, window = \"10s\" }]\n";
+    let toml = policy!("sliding_log_shorter_window_allowing_more");
     match Settings::from_toml(toml, |_| None) {
         Ok(_) => panic!("a 10s policy allowing more than the 1m policy was accepted"),
         Err(e) => assert_eq!(

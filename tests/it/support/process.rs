@@ -91,6 +91,14 @@ pub fn run_for(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Run {
     }
 }
 
+/// [`run_for`] with no input and a limit of 30 s, on a thread of the blocking pool: the services
+/// a test runs on its own runtime (an in-process worker, an HTTP endpoint) answer meanwhile.
+pub async fn run_to_end(cmd: Command) -> Run {
+    tokio::task::spawn_blocking(move || run_for(cmd, None, Duration::from_secs(30)))
+        .await
+        .expect("run the binary")
+}
+
 /// A long-running `sendquota` process (a worker) whose output lines, stdout's and stderr's,
 /// are collected as they come; killed (the process this test started, by its handle) when
 /// dropped.
