@@ -120,6 +120,9 @@ async fn close(connection: &Connection) {
     .await;
 }
 
+/// A session's consumer and publisher on `consuming` and `publishing`: the digest flusher
+/// beside the deliveries, then, once `stop` turns or the session is lost, the flusher stopped
+/// and the deliveries in flight drained.
 async fn consume(
     settings: &Settings,
     pipeline: &Arc<Pipeline>,
@@ -142,89 +145,9 @@ async fn consume(
         flusher_stopped,
     ));
     health.set_consuming(true);
-    let mut blocked = publisher.blocked().clone();
-    health.set_blocked(blocked.borrow_and_update().clone());
-    let slots = Arc::new(Semaphore::new(settings.worker.concurrency));
-    // The most deliveries the session can have in flight: the broker hands over no more
-    // until some are acked, and no task runs without a slot.
-    let window = settings
-        .worker
-        .concurrency
-        .min(usize::from(settings.amqp.prefetch));
-    let sequence = Sequence::new();
-    let unrouted = Arc::new(Unrouted::default());
-    let tally = Arc::new(std::sync::Mutex::new(Tally::default()));
     let (settler, settling) = Settler::spawn(channel.clone());
-    let mut watchdog =
-        tokio::time::interval(Duration::from_millis(settings.worker.watchdog_interval_ms));
-    watchdog.tick().await;
-    let mut channel_check = tokio::time::interval(CHANNEL_CHECK);
-    let mut delivered = false;
-    let result = loop {
-        let paused = blocked.borrow().is_some();
-        tokio::select! {
-            _ = stop.changed() => break Ok(()),
-            _ = blocked.changed() => health.set_blocked(blocked.borrow_and_update().clone()),
-            _ = channel_check.tick() => {
-                if !channel.status().connected() {
-                    break Err(BrokerError::ChannelClosed("consuming"));
-                }
-                if !publisher.can_publish() {
-                    break Err(BrokerError::ChannelClosed("publishing"));
-                }
-            }
-            _ = watchdog.tick() => {
-                // Idle is fine when the broker blocks publishing, or when the deliveries in
-                // flight fill the window: a window full of slow deliveries is no stall.
-                let in_flight = settings.worker.concurrency - slots.available_permits();
-                if !delivered && !paused && in_flight < window {
-                    if let Err(e) = check_not_stalled(&channel, &pipeline.steps.names.requests).await {
-                        break Err(e);
-                    }
-                }
-                delivered = false;
-            }
-            next = consumer.next(), if !stall && !paused => match next {
-                Some(Ok(delivery)) => {
-                    delivered = true;
-                    if delivery.redelivered {
-                        metrics::counter!(telemetry::REDELIVERIES).increment(1);
-                    }
-                    // Decoded once, here: the recipient places it in line, and the decision
-                    // reads the same request.
-                    let request =
-                        Box::new(SendRequest::decode(&delivery.data, pipeline.max_body_bytes));
-                    // Here, where deliveries come in order, not on the delivery's task: tasks
-                    // start in no particular order.
-                    let recipient = request.as_ref().as_ref().ok().map(|m| m.recipient.as_str());
-                    let place = sequence.join(recipient);
-                    let Ok(slot) = slots.clone().acquire_owned().await else { break Ok(()) };
-                    let task = Task {
-                        pipeline: pipeline.clone(),
-                        publisher: publisher.clone(),
-                        consuming: channel.clone(),
-                        settler: settler.clone(),
-                        backoff: Backoff::new(&settings.worker),
-                        yield_slot_after: Duration::from_millis(settings.worker.yield_slot_after_ms),
-                        stop: stop.clone(),
-                        place,
-                        request,
-                        unrouted: unrouted.clone(),
-                    };
-                    task.spawn(delivery, slot, tally.clone());
-                }
-                Some(Err(e)) => break Err(e.into()),
-                None => {
-                    health.set_consuming(false);
-                    match consume_again(settings, &pipeline.steps.names, &channel).await {
-                        Ok(again) => consumer = again,
-                        Err(e) => break Err(e),
-                    }
-                    health.set_consuming(true);
-                }
-            },
-        }
-    };
+    let deliveries = Deliveries::new(settings, pipeline, publisher, channel, settler);
+    let result = deliveries.receive(&mut consumer, health, stall, stop).await;
     // Deliveries the broker handed over that no task took: they go back when the channel
     // closes.
     let mut untaken = 0;
@@ -240,21 +163,186 @@ async fn consume(
     }
     if result.is_err() {
         // The session is lost: publishes still waiting on it will not be confirmed.
-        publisher.end();
+        deliveries.publisher.end();
     }
-    let at_stop = Tally::now(&tally);
-    let after = drain(settings, &slots, &tally, settler, settling).await;
-    if result.is_ok() {
-        let drained = after.acked - at_stop.acked;
-        let returned = after.requeued - at_stop.requeued + after.running + untaken;
-        info!(
-            drained,
-            returned,
-            "stopped: the deliveries in flight drained (finished and acked) or returned to the \
-             queue unacked"
-        );
-    }
+    deliveries.drain(settling, result.is_ok(), untaken).await;
     result
+}
+
+/// A session's deliveries: what each one's task is spawned with, the slots they take, and
+/// how they are counted.
+struct Deliveries<'s> {
+    settings: &'s Settings,
+    pipeline: &'s Arc<Pipeline>,
+    publisher: Publisher,
+    /// The channel deliveries come on, and are acked on.
+    channel: Channel,
+    slots: Arc<Semaphore>,
+    /// The most deliveries the session can have in flight: the broker hands over no more
+    /// until some are acked, and no task runs without a slot.
+    window: usize,
+    sequence: Arc<Sequence>,
+    unrouted: Arc<Unrouted>,
+    tally: Arc<std::sync::Mutex<Tally>>,
+    settler: Settler,
+}
+
+impl<'s> Deliveries<'s> {
+    fn new(
+        settings: &'s Settings,
+        pipeline: &'s Arc<Pipeline>,
+        publisher: Publisher,
+        channel: Channel,
+        settler: Settler,
+    ) -> Deliveries<'s> {
+        Deliveries {
+            settings,
+            pipeline,
+            publisher,
+            channel,
+            slots: Arc::new(Semaphore::new(settings.worker.concurrency)),
+            window: settings
+                .worker
+                .concurrency
+                .min(usize::from(settings.amqp.prefetch)),
+            sequence: Sequence::new(),
+            unrouted: Arc::new(Unrouted::default()),
+            tally: Arc::new(std::sync::Mutex::new(Tally::default())),
+            settler,
+        }
+    }
+
+    /// Takes deliveries from `consumer` until `stop` turns (Ok) or the session is lost: none
+    /// while the broker blocks publishing (or `stall`, a crash test's stalled consumer), the
+    /// channels checked every [`CHANNEL_CHECK`] and the consumer every watchdog interval, and
+    /// the requests queue consumed again when the broker cancels the consumer.
+    async fn receive(
+        &self,
+        consumer: &mut lapin::Consumer,
+        health: &Health,
+        stall: bool,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), BrokerError> {
+        let mut blocked = self.publisher.blocked().clone();
+        health.set_blocked(blocked.borrow_and_update().clone());
+        let mut watchdog = tokio::time::interval(Duration::from_millis(
+            self.settings.worker.watchdog_interval_ms,
+        ));
+        watchdog.tick().await;
+        let mut channel_check = tokio::time::interval(CHANNEL_CHECK);
+        let mut delivered = false;
+        loop {
+            let paused = blocked.borrow().is_some();
+            tokio::select! {
+                _ = stop.changed() => return Ok(()),
+                _ = blocked.changed() => health.set_blocked(blocked.borrow_and_update().clone()),
+                _ = channel_check.tick() => self.check_channels()?,
+                _ = watchdog.tick() => {
+                    // Idle is fine when the broker blocks publishing.
+                    if !std::mem::take(&mut delivered) && !paused {
+                        self.check_not_idle().await?;
+                    }
+                }
+                next = consumer.next(), if !stall && !paused => match next {
+                    Some(Ok(delivery)) => {
+                        delivered = true;
+                        if !self.take(delivery, stop).await {
+                            return Ok(());
+                        }
+                    }
+                    Some(Err(e)) => return Err(e.into()),
+                    None => {
+                        health.set_consuming(false);
+                        let names = &self.pipeline.steps.names;
+                        *consumer = consume_again(self.settings, names, &self.channel).await?;
+                        health.set_consuming(true);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Fails when a channel is closed: lapin reports a channel the broker closed only to the
+    /// next call on it.
+    fn check_channels(&self) -> Result<(), BrokerError> {
+        if !self.channel.status().connected() {
+            return Err(BrokerError::ChannelClosed("consuming"));
+        }
+        if !self.publisher.can_publish() {
+            return Err(BrokerError::ChannelClosed("publishing"));
+        }
+        Ok(())
+    }
+
+    /// The watchdog's check of a consumer that received nothing for an interval, unless the
+    /// deliveries in flight fill the window: a window full of slow deliveries is no stall.
+    async fn check_not_idle(&self) -> Result<(), BrokerError> {
+        let in_flight = self.settings.worker.concurrency - self.slots.available_permits();
+        if in_flight < self.window {
+            check_not_stalled(&self.channel, &self.pipeline.steps.names.requests).await?;
+        }
+        Ok(())
+    }
+
+    /// Decodes `delivery` once, places it in its recipient's line and processes it on a task
+    /// of its own once a slot is free; false when the slots are closed.
+    async fn take(&self, delivery: Delivery, stop: &watch::Receiver<bool>) -> bool {
+        if delivery.redelivered {
+            metrics::counter!(telemetry::REDELIVERIES).increment(1);
+        }
+        // Decoded once, here: the recipient places it in line, and the decision reads the
+        // same request.
+        let request = Box::new(SendRequest::decode(
+            &delivery.data,
+            self.pipeline.max_body_bytes,
+        ));
+        // Here, where deliveries come in order, not on the delivery's task: tasks start in no
+        // particular order.
+        let recipient = request.as_ref().as_ref().ok().map(|m| m.recipient.as_str());
+        let place = self.sequence.join(recipient);
+        let Ok(slot) = self.slots.clone().acquire_owned().await else {
+            return false;
+        };
+        let task = Task {
+            pipeline: self.pipeline.clone(),
+            publisher: self.publisher.clone(),
+            consuming: self.channel.clone(),
+            settler: self.settler.clone(),
+            backoff: Backoff::new(&self.settings.worker),
+            yield_slot_after: Duration::from_millis(self.settings.worker.yield_slot_after_ms),
+            stop: stop.clone(),
+            place,
+            request,
+            unrouted: self.unrouted.clone(),
+        };
+        task.spawn(delivery, slot, self.tally.clone());
+        true
+    }
+
+    /// Lets the deliveries in flight finish or return to the queue (see [`drain`]); when the
+    /// session `stopped` (rather than being lost), says how many of each, counting the
+    /// `untaken` deliveries no task took as returned.
+    async fn drain(self, settling: tokio::task::JoinHandle<()>, stopped: bool, untaken: usize) {
+        let at_stop = Tally::now(&self.tally);
+        let after = drain(
+            self.settings,
+            &self.slots,
+            &self.tally,
+            self.settler,
+            settling,
+        )
+        .await;
+        if stopped {
+            let drained = after.acked - at_stop.acked;
+            let returned = after.requeued - at_stop.requeued + after.running + untaken;
+            info!(
+                drained,
+                returned,
+                "stopped: the deliveries in flight drained (finished and acked) or returned to the \
+                 queue unacked"
+            );
+        }
+    }
 }
 
 /// The session's deliveries as their tasks start and end: what a stopping worker says it
