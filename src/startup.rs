@@ -86,9 +86,7 @@ pub async fn run(
 ) -> Result<(), StartupError> {
     crate::base::clock::in_range(clock.now())?;
     let hangups = reload::hangups();
-    telemetry::prometheus();
-    metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
-        .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
+    start_metrics();
     let redis = connect_redis(settings).await?;
     let denials = DenialStore::connect(&settings.database).await?;
     let held = Held::new(denials.pool().clone());
@@ -97,6 +95,68 @@ pub async fn run(
     let (stop_tx, stop) = watch::channel(false);
     let limiter = limiter(settings, &redis, &stop).with_failpoint(failpoint);
     let rules = LiveRules::new(Rules::new(settings.policy.clone()));
+    let reloader = reloader(settings, &rules, &denials, &limiter, hangups, &stop);
+    let (redis_for_skew, clock_for_skew) = (redis.clone(), clock.clone());
+    if !settings.admin.listen.is_empty() {
+        let ops = Ops {
+            reloader,
+            limiter: limiter.clone(),
+            denials: denials.clone(),
+            clock: clock.clone(),
+            health: health.clone(),
+            tokens: Arc::new(settings.admin.tokens.clone()),
+        };
+        serve_admin(settings, ops, stop.clone()).await?;
+    }
+    let names = Names::new(&settings.namespace);
+    let traces = start_traces(settings, &names)?;
+    let rollup = Rollup::start(&denials, &clock);
+    let steps = steps(settings, redis, denials, held, names, failpoint, &rules);
+    let digests = digests(settings, &steps, &limiter, &rules, &clock);
+    let pipeline = Arc::new(Pipeline {
+        rules,
+        limiter,
+        steps,
+        digests,
+        clock,
+        max_body_bytes: settings.worker.max_body_bytes,
+        claim_lease_ms: settings.worker.claim_lease_ms,
+        failpoint,
+        traces,
+        rollup: rollup.counts.clone(),
+    });
+    keep_metrics_up(stop.clone());
+    keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let supervised = worker::supervise(settings, &pipeline, &health, failpoint, stop).await;
+    rollup.stop().await;
+    // The deliveries have drained: their spans have ended and the last batch can go.
+    if let Some(traces) = &pipeline.traces {
+        traces.shutdown().await;
+    }
+    supervised.map_err(|e| broker_error(settings, e))
+}
+
+/// The Prometheus recorder, installed before any metric is touched, and the runtime's thread
+/// count on it.
+fn start_metrics() {
+    telemetry::prometheus();
+    metrics::gauge!(telemetry::RUNTIME_WORKER_THREADS)
+        .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
+}
+
+/// The running rules' reloader, reloading on each SIGHUP in `hangups` until `stop`.
+fn reloader(
+    settings: &Settings,
+    rules: &LiveRules,
+    denials: &DenialStore,
+    limiter: &Limiter,
+    hangups: Option<tokio::signal::unix::Signal>,
+    stop: &watch::Receiver<bool>,
+) -> Arc<Reloader> {
     let reloader = Arc::new(Reloader::new(
         rules.clone(),
         settings,
@@ -108,38 +168,66 @@ pub async fn run(
         reloader.clone(),
         stop.clone(),
     ));
-    let (redis_for_skew, clock_for_skew) = (redis.clone(), clock.clone());
-    if !settings.admin.listen.is_empty() {
-        let state = AdminState {
-            ops: Ops {
-                reloader,
-                limiter: limiter.clone(),
-                denials: denials.clone(),
-                clock: clock.clone(),
-                health: health.clone(),
-                tokens: Arc::new(settings.admin.tokens.clone()),
-            },
-            console: Arc::new(Console::new(
-                settings.amqp.clone(),
-                Names::new(&settings.namespace),
-            )),
-        };
-        serve_admin(&settings.admin.listen, state, stop.clone()).await?;
+    reloader
+}
+
+/// The decision rollup's counts and their writer. It is stopped after the worker's sessions
+/// have drained, not with them: their last decisions are counted until then.
+struct Rollup {
+    counts: Arc<DecisionCounts>,
+    stop: watch::Sender<bool>,
+    written: tokio::task::JoinHandle<()>,
+}
+
+impl Rollup {
+    /// Counts kept in memory, written to `denials`' database every second.
+    fn start(denials: &DenialStore, clock: &Arc<dyn Clock>) -> Rollup {
+        let counts = Arc::new(DecisionCounts::default());
+        let (stop, stopped) = watch::channel(false);
+        let written =
+            RollupWriter::new(counts.clone(), denials.pool().clone(), clock.clone()).spawn(stopped);
+        Rollup {
+            counts,
+            stop,
+            written,
+        }
     }
-    let names = Names::new(&settings.namespace);
+
+    /// Writes the last second's counts: the writer flushes once more when told to stop.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(ROLLUP_LAST_FLUSH, self.written)
+            .await
+            .is_err()
+        {
+            warn!("the decision rollup's last counts were not written in time");
+        }
+    }
+}
+
+/// Span export, when the settings name an endpoint.
+fn start_traces(settings: &Settings, names: &Names) -> Result<Option<Arc<Traces>>, StartupError> {
     let traces = Traces::start(&settings.telemetry, &names.requests)?.map(Arc::new);
     if traces.is_some() {
         info!(endpoint = %crate::base::config::redact_url(&settings.telemetry.otlp_endpoint),
             "exporting spans over OTLP/HTTP");
     }
-    let rollup = Arc::new(DecisionCounts::default());
-    // Stopped after the worker's sessions have drained, not with them: their last decisions
-    // are counted until then.
-    let (rollup_stop_tx, rollup_stop) = watch::channel(false);
-    let rollup_written =
-        RollupWriter::new(rollup.clone(), denials.pool().clone(), clock.clone()).spawn(rollup_stop);
+    Ok(traces)
+}
+
+/// The steps outcomes take, on the worker's connections, with the running rules' metric
+/// handles for the durations of dispatches and denial writes.
+fn steps(
+    settings: &Settings,
+    redis: RedisConn,
+    denials: DenialStore,
+    held: Held,
+    names: Names,
+    failpoint: Option<Failpoint>,
+    rules: &LiveRules,
+) -> Arc<Steps> {
     let current = rules.current();
-    let steps = Arc::new(Steps {
+    Arc::new(Steps {
         marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials: DenialWriter::spawn(
             denials,
@@ -151,8 +239,18 @@ pub async fn run(
         failpoint,
         dispatch_seconds: current.metrics.dispatch_seconds.clone(),
         denial_write_seconds: current.metrics.denial_write_seconds.clone(),
-    });
-    let digests = Arc::new(Flusher {
+    })
+}
+
+/// The digest flusher, through the same steps, limiter and rules as the pipeline.
+fn digests(
+    settings: &Settings,
+    steps: &Arc<Steps>,
+    limiter: &Limiter,
+    rules: &LiveRules,
+    clock: &Arc<dyn Clock>,
+) -> Arc<Flusher> {
+    Arc::new(Flusher {
         steps: steps.clone(),
         limiter: limiter.clone(),
         rules: rules.clone(),
@@ -160,44 +258,16 @@ pub async fn run(
         max_body_bytes: settings.worker.max_body_bytes,
         max_digest_bytes: settings.worker.max_digest_bytes,
         interval: Duration::from_millis(settings.worker.digest_flush_interval_ms),
-    });
-    let pipeline = Arc::new(Pipeline {
-        rules,
-        limiter,
-        steps,
-        digests,
-        clock,
-        max_body_bytes: settings.worker.max_body_bytes,
-        claim_lease_ms: settings.worker.claim_lease_ms,
-        failpoint,
-        traces,
-        rollup,
-    });
-    keep_metrics_up(stop.clone());
-    keep_checking_skew(redis_for_skew, clock_for_skew, stop.clone());
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let supervised = worker::supervise(settings, &pipeline, &health, failpoint, stop).await;
-    // The last second's counts: the writer flushes once more when told to stop.
-    let _ = rollup_stop_tx.send(true);
-    if tokio::time::timeout(ROLLUP_LAST_FLUSH, rollup_written)
-        .await
-        .is_err()
-    {
-        warn!("the decision rollup's last counts were not written in time");
-    }
-    // The deliveries have drained: their spans have ended and the last batch can go.
-    if let Some(traces) = &pipeline.traces {
-        traces.shutdown().await;
-    }
-    supervised.map_err(|e| {
-        let plain = settings.amqp.url.starts_with("amqp://");
-        let message = e.to_string();
-        let hint = tls_hint(plain, &message, "amqps://");
-        StartupError::Broker(format!("{message}{hint}"))
     })
+}
+
+/// The worker's sessions' failure as the start-up error, with a hint when a plaintext URL met
+/// what looks like a TLS-only broker.
+fn broker_error(settings: &Settings, e: crate::intake::broker::BrokerError) -> StartupError {
+    let plain = settings.amqp.url.starts_with("amqp://");
+    let message = e.to_string();
+    let hint = tls_hint(plain, &message, "amqps://");
+    StartupError::Broker(format!("{message}{hint}"))
 }
 
 /// The Redis connection, its version checked for the decision scripts.
@@ -238,12 +308,21 @@ fn limiter(settings: &Settings, redis: &RedisConn, stop: &watch::Receiver<bool>)
     limiter.with_deny_cache(cache)
 }
 
-/// Serves the admin API on `listen` until `stop`; fails only if it cannot listen.
+/// Serves the admin API (the JSON API over `ops`, and the console) on the settings' address
+/// until `stop`; fails only if it cannot listen.
 async fn serve_admin(
-    listen: &str,
-    state: AdminState,
+    settings: &Settings,
+    ops: Ops,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), StartupError> {
+    let state = AdminState {
+        ops,
+        console: Arc::new(Console::new(
+            settings.amqp.clone(),
+            Names::new(&settings.namespace),
+        )),
+    };
+    let listen = &settings.admin.listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(StartupError::Admin)?;

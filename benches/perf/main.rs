@@ -13,7 +13,7 @@
 //! - (b) the decision path (`Limiter::evaluate`, commit, no broker): the headline rule alone and
 //!   with two more kinds, against (a1);
 //! - (c) the worker binary end to end (quorum queue, half dispatched and half denied), at its
-//!   DEFAULT settings (prefetch and concurrency from src/base/config.rs; `--worker-prefetch N` sets
+//!   DEFAULT settings (prefetch and concurrency from src/base/config/sections.rs; `--worker-prefetch N` sets
 //!   both to N to measure a candidate default), against (a2), with p50/p99 decision latency
 //!   from its /metrics histogram; run twice like the relay, each run timed from the worker's
 //!   spawn (its start-up is part of what it must win back against the relay). The binary is this package's,

@@ -39,7 +39,7 @@ impl WorkerChoice {
     }
 
     /// The worker's prefetch and concurrency: `--worker-prefetch`, else the defaults of this
-    /// build's src/base/config.rs (another binary's are assumed the same).
+    /// build's src/base/config/sections.rs (another binary's are assumed the same).
     pub fn in_progress(&self) -> (u16, usize) {
         match self.prefetch {
             Some(p) => (p, usize::from(p)),

@@ -263,18 +263,7 @@ impl Flusher {
         if !try_lock(&mut tx, &["group", recipient, rule_name, group]).await? {
             return Ok(Took::default());
         }
-        let items: Vec<Item> = sqlx::query_as(
-            "SELECT id, recipient, rule, group_key, channel, message_id, message_text, \
-             expires_at, held_at, held_order FROM digest_items WHERE recipient = $1 \
-             AND rule = $2 AND group_key = $3 AND digest_id IS NULL \
-             ORDER BY held_at, held_order, id LIMIT $4",
-        )
-        .bind(recipient)
-        .bind(rule_name)
-        .bind(group)
-        .bind(MAX_ITEMS)
-        .fetch_all(&mut *tx)
-        .await?;
+        let items = held_items(&mut tx, recipient, rule_name, group).await?;
         // Named by the oldest item read, expired or not: a digest the limiter admitted whose
         // items were not bound to it (Postgres failed in between) keeps its name when that
         // item expires meanwhile, so asking again is the same request, not a second send.
@@ -284,18 +273,11 @@ impl Flusher {
         let id = digest_id(rule_name, recipient, group, oldest);
         let now = self.clock.now();
         let rules = self.rules.current();
-        let rule = rules.policy.rule(rule_name);
         let (expired, live): (Vec<Item>, Vec<Item>) = items
             .into_iter()
             .partition(|i| deadline::passed(i.expires_at, now));
-        for item in &expired {
-            self.record_expired(item, rule, now).await?;
-        }
-        let expired_ids: Vec<i64> = expired.iter().map(|i| i.id).collect();
-        sqlx::query("DELETE FROM digest_items WHERE id = ANY($1)")
-            .bind(&expired_ids)
-            .execute(&mut *tx)
-            .await?;
+        let rule = rules.policy.rule(rule_name);
+        self.drop_expired(&mut tx, &expired, rule, now).await?;
         let mut took = Took {
             expired: expired.len(),
             admitted: None,
@@ -319,11 +301,7 @@ impl Flusher {
                 let gone = failpoint::gone("fail-after-decision");
                 return Err(ActError::Held(sqlx::Error::Io(gone)));
             }
-            sqlx::query("UPDATE digest_items SET digest_id = $1 WHERE id = ANY($2)")
-                .bind(&id)
-                .bind(&ids[..fit])
-                .execute(&mut *tx)
-                .await?;
+            bind_to_digest(&mut tx, &id, &ids[..fit]).await?;
             took.admitted = Some(id);
         } else {
             let receipt = Receipt::new(now);
@@ -331,14 +309,30 @@ impl Flusher {
                 .outcome
                 .retry_after()
                 .filter(|at| *at > now);
-            sqlx::query("UPDATE digest_items SET flush_after = $1 WHERE id = ANY($2)")
-                .bind(room)
-                .bind(&ids)
-                .execute(&mut *tx)
-                .await?;
+            flush_after(&mut tx, room, &ids).await?;
         }
         tx.commit().await?;
         Ok(took)
+    }
+
+    /// Records each of the `expired` items as a denial with reason `expired`, then deletes
+    /// them in `tx`.
+    async fn drop_expired(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        expired: &[Item],
+        rule: Option<&Rule>,
+        now: DateTime<Utc>,
+    ) -> Result<(), ActError> {
+        for item in expired {
+            self.record_expired(item, rule, now).await?;
+        }
+        let expired_ids: Vec<i64> = expired.iter().map(|i| i.id).collect();
+        sqlx::query("DELETE FROM digest_items WHERE id = ANY($1)")
+            .bind(&expired_ids)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 
     /// Sends the admitted digest `id` unless its dispatch mark says it went, marks it and each
@@ -588,6 +582,56 @@ struct Took {
     expired: usize,
     /// The digest the limiter admitted, to be sent.
     admitted: Option<String>,
+}
+
+/// A group's held items not yet bound to a digest, oldest first, at most [`MAX_ITEMS`].
+async fn held_items(
+    tx: &mut Transaction<'_, Postgres>,
+    recipient: &str,
+    rule: &str,
+    group: &str,
+) -> Result<Vec<Item>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, recipient, rule, group_key, channel, message_id, message_text, \
+         expires_at, held_at, held_order FROM digest_items WHERE recipient = $1 \
+         AND rule = $2 AND group_key = $3 AND digest_id IS NULL \
+         ORDER BY held_at, held_order, id LIMIT $4",
+    )
+    .bind(recipient)
+    .bind(rule)
+    .bind(group)
+    .bind(MAX_ITEMS)
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Binds the items `ids` to the admitted digest `id`: they are its, whoever sends it.
+async fn bind_to_digest(
+    tx: &mut Transaction<'_, Postgres>,
+    id: &str,
+    ids: &[i64],
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE digest_items SET digest_id = $1 WHERE id = ANY($2)")
+        .bind(id)
+        .bind(ids)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Sets when the items `ids` of a refused digest are taken up again: `room`, when the
+/// decision says when the recipient has room.
+async fn flush_after(
+    tx: &mut Transaction<'_, Postgres>,
+    room: Option<DateTime<Utc>>,
+    ids: &[i64],
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE digest_items SET flush_after = $1 WHERE id = ANY($2)")
+        .bind(room)
+        .bind(ids)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// Takes the transaction-scoped advisory lock named by `parts`, unless another transaction

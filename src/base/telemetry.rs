@@ -537,11 +537,11 @@ mod tests {
     #[test]
     fn channels_and_categories_no_rule_names_are_counted_as_other() {
         let handle = prometheus();
-        let m = MessageMetrics::register(&policy(
-            "[[rules]]\nname = \"fold-test\"\nkind = \"fixed_window\"\nlimit = 1\n\
-             window = \"1m\"\nmatch = { channels = [\"fold-test-push\"], \
-             categories = [\"fold-test-news\"] }\n",
-        ));
+        let m = MessageMetrics::register(&policy(concat!(
+            "[[rules]]\nname = \"fold-test\"\nkind = \"fixed_window\"\nlimit = 1\n",
+            "window = \"1m\"\n",
+            "match = { channels = [\"fold-test-push\"], categories = [\"fold-test-news\"] }\n",
+        )));
         let before = |out: &str, series: &str| sample(out, series).unwrap_or(0.0);
         let other =
             r#"sendquota_decisions_total{outcome="in_flight",channel="other",category="other"}"#;

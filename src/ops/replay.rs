@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use lapin::BasicProperties;
 
 use crate::intake::broker::{self, BrokerError, Names, Publisher};
-use crate::record::denials::{DenialError, DenialFilter, DenialStore};
+use crate::record::denials::{Denial, DenialError, DenialFilter, DenialStore};
 
 /// What to replay and how fast.
 #[derive(Debug, Clone)]
@@ -86,17 +87,7 @@ pub async fn replay(
                 tokio::time::sleep_until(due.into()).await;
             }
             let body = denial.message.text().as_bytes().to_vec();
-            // The deadline goes with the message: the worker records it as expired should it
-            // arrive past it (its expires_at is in the body; a max_delay's is not).
-            let deadline = denial.expires_at.map(|at| {
-                (
-                    broker::DEADLINE_HEADER,
-                    at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-                )
-            });
-            let mut headers = vec![(broker::REPLAY_OF_HEADER, denial.id.to_string())];
-            headers.extend(deadline);
-            let properties = broker::json_properties(Some(&denial.message_id), &headers);
+            let properties = properties(denial);
             confirms.push(async move {
                 publisher
                     .publish(&names.requests, "", &body, properties)
@@ -118,6 +109,21 @@ pub async fn replay(
         claims,
         elapsed: started.elapsed(),
     })
+}
+
+/// The replay's properties: the original message id, a header naming the denial, and the
+/// deadline, which goes with the message: the worker records it as expired should it arrive
+/// past it (its expires_at is in the body; a max_delay's is not).
+fn properties(denial: &Denial) -> BasicProperties {
+    let deadline = denial.expires_at.map(|at| {
+        (
+            broker::DEADLINE_HEADER,
+            at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        )
+    });
+    let mut headers = vec![(broker::REPLAY_OF_HEADER, denial.id.to_string())];
+    headers.extend(deadline);
+    broker::json_properties(Some(&denial.message_id), &headers)
 }
 
 /// Parses a replay rate: `50/s`, `50` (per second) or `300/m`.

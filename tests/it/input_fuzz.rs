@@ -868,7 +868,7 @@ fn apply_config_edits(base: &str, edits: &[ConfigEdit]) -> String {
 
 /// Errors that repeat a configured value verbatim (`namespace "..."`, `rule "..."`,
 /// `unknown scope "..."`, lapin's `Invalid URL: '...'`, ...) span lines when that value holds
-/// a line break: a known defect of src/base/config.rs and src/rules/policy/parse.rs (see
+/// a line break: a known defect of src/base/config/ and src/rules/policy/parse.rs (see
 /// `a_config_error_is_one_line_*`; the URL echo is in tests/it/security.rs). A line break anywhere
 /// else in an error fails the fuzz.
 fn echoes_a_multiline_value(err: &ConfigError) -> bool {

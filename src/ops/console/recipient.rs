@@ -6,6 +6,7 @@ use askama::Template;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Form};
+use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::Deserialize;
 
@@ -13,8 +14,9 @@ use super::denials::Row;
 use super::ConsoleState;
 use super::{local, render, utc, ConsoleError, Layout, Params, Session};
 use crate::decide::limiter::Limiter;
+use crate::decide::outcome::Verdict;
 use crate::ops::service::PeekQuery;
-use crate::record::denials::DenialFilter;
+use crate::record::denials::{Denial, DenialFilter};
 
 /// Recent denials shown: enough to see a pattern; the denials page has the rest.
 const RECENT: i64 = 20;
@@ -86,50 +88,61 @@ pub async fn page(
             }
         }
     };
-    let peek = PeekQuery {
-        timezone: (!timezone.is_empty()).then(|| timezone.clone()),
-        ..PeekQuery::default()
+    let (at, verdicts, recent) = match usage_and_recent(&state, &id, &timezone).await {
+        Ok(found) => found,
+        Err(e) => return e.into_response(),
     };
-    let filter = DenialFilter {
-        recipient: Some(id.clone()),
-        limit: RECENT,
-        ..DenialFilter::default()
-    };
-    let (peeked, recent) = tokio::join!(
-        crate::ops::service::peek(&state, &id, peek),
-        state.denials.list(&filter)
-    );
-    let (at, verdicts) = match peeked {
-        Ok(p) => p,
-        Err((_, message)) => return ConsoleError::Service(message).into_response(),
-    };
-    let recent = match recent {
-        Ok(rows) => rows,
-        Err(e) => return ConsoleError::Service(e.to_string()).into_response(),
-    };
-    let usage = verdicts
-        .iter()
-        .map(|v| Usage {
-            rule: v.rule.clone(),
-            kind: v.kind.to_owned(),
-            allowed: v.allowed,
-            remaining: v.remaining.map(|r| r.to_string()).unwrap_or_default(),
-            retry_after_utc: v.retry_after.map(utc).unwrap_or_default(),
-            retry_after_local: v.retry_after.map(|t| local(t, zone)).unwrap_or_default(),
-        })
-        .collect();
     render(&Page {
         layout,
         id,
         timezone,
         zone: zone.name().to_owned(),
         at: utc(at),
-        usage,
+        usage: verdicts.iter().map(|v| Usage::of(v, zone)).collect(),
         denials: recent
             .into_iter()
             .map(|d| Row::of(d, default_zone))
             .collect(),
     })
+}
+
+/// The recipient's usage (when it was peeked, and every rule's verdict) and recent denials,
+/// asked at once.
+async fn usage_and_recent(
+    state: &ConsoleState,
+    id: &str,
+    timezone: &str,
+) -> Result<(DateTime<Utc>, Vec<Verdict>, Vec<Denial>), ConsoleError> {
+    let peek = PeekQuery {
+        timezone: (!timezone.is_empty()).then(|| timezone.to_owned()),
+        ..PeekQuery::default()
+    };
+    let filter = DenialFilter {
+        recipient: Some(id.to_owned()),
+        limit: RECENT,
+        ..DenialFilter::default()
+    };
+    let (peeked, recent) = tokio::join!(
+        crate::ops::service::peek(state, id, peek),
+        state.denials.list(&filter)
+    );
+    let (at, verdicts) = peeked.map_err(|(_, message)| ConsoleError::Service(message))?;
+    let recent = recent.map_err(|e| ConsoleError::Service(e.to_string()))?;
+    Ok((at, verdicts, recent))
+}
+
+impl Usage {
+    /// `verdict`'s usage, its instants in UTC and in the recipient's `zone`.
+    fn of(v: &Verdict, zone: Tz) -> Usage {
+        Usage {
+            rule: v.rule.clone(),
+            kind: v.kind.to_owned(),
+            allowed: v.allowed,
+            remaining: v.remaining.map(|r| r.to_string()).unwrap_or_default(),
+            retry_after_utc: v.retry_after.map(utc).unwrap_or_default(),
+            retry_after_local: v.retry_after.map(|t| local(t, zone)).unwrap_or_default(),
+        }
+    }
 }
 
 /// The confirmation page of a reset.

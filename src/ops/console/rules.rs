@@ -8,11 +8,13 @@ use askama::Template;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use chrono::TimeDelta;
+use chrono::{DateTime, TimeDelta, Utc};
 
 use super::ConsoleState;
 use super::{render, ConsoleError, Layout, Session};
 use crate::decide::outcome::OutcomeName;
+use crate::record::rollup::{self, RollupError};
+use crate::rules::policy::Rule;
 
 /// The rule's own verdicts, the table's first columns: of the decisions that checked it, how
 /// many it allowed and refused (a shadow rule's refusals among them).
@@ -50,54 +52,18 @@ pub async fn page(
     Extension(session): Extension<Session>,
 ) -> Response {
     let since = state.clock.now() - TimeDelta::days(7);
-    let counted = match crate::record::rollup::rule_counts(state.denials.pool(), since).await {
-        Ok(c) => c,
-        Err(e) => return ConsoleError::Service(e.to_string()).into_response(),
+    let mut by_rule = match counts_by_rule(&state, since).await {
+        Ok(counts) => counts,
+        Err(e) => return e.into_response(),
     };
-    let verdicts = match crate::record::rollup::rule_verdicts(state.denials.pool(), since).await {
-        Ok(v) => v,
-        Err(e) => return ConsoleError::Service(e.to_string()).into_response(),
-    };
-    // Per rule: its verdicts allowed and refused, then the decisions it took part in by outcome.
-    let width = VERDICT_COLUMNS.len() + COLUMNS.len();
-    let mut by_rule: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for (rule, allowed, refused) in verdicts {
-        let counts = by_rule.entry(rule).or_insert_with(|| vec![0; width]);
-        counts[0] += allowed;
-        counts[1] += refused;
-    }
-    for c in counted {
-        if let Some(col) = COLUMNS.iter().position(|o| o.as_str() == c.outcome) {
-            by_rule.entry(c.rule).or_insert_with(|| vec![0; width])[VERDICT_COLUMNS.len() + col] +=
-                c.verdicts;
-        }
-    }
     let running = state.reloader.rules().current();
-    let list = |v: &[String]| {
-        if v.is_empty() {
-            "any".to_owned()
-        } else {
-            v.join(", ")
-        }
-    };
     let rules = running
         .policy
         .rules
         .iter()
-        .map(|r| RuleLine {
-            name: r.name.clone(),
-            kind: r.kind.name().to_owned(),
-            scope: serde_json::to_value(r.scope)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
-            on_deny: r.on_deny.as_str().to_owned(),
-            matches: format!(
-                "channels: {}; categories: {}",
-                list(&r.matcher.channels),
-                list(&r.matcher.categories)
-            ),
-            counts: by_rule.remove(&r.name).unwrap_or_else(|| vec![0; width]),
+        .map(|r| {
+            let counts = by_rule.remove(&r.name).unwrap_or_else(|| vec![0; WIDTH]);
+            RuleLine::of(r, counts)
         })
         .collect();
     render(&Page {
@@ -111,4 +77,63 @@ pub async fn page(
         rules,
         gone: by_rule.into_iter().collect(),
     })
+}
+
+/// The table's counts per column.
+const WIDTH: usize = VERDICT_COLUMNS.len() + COLUMNS.len();
+
+/// Per rule counted since `since`: its verdicts allowed and refused, then the decisions it
+/// took part in by outcome.
+async fn counts_by_rule(
+    state: &ConsoleState,
+    since: DateTime<Utc>,
+) -> Result<BTreeMap<String, Vec<i64>>, ConsoleError> {
+    let service = |e: RollupError| ConsoleError::Service(e.to_string());
+    let counted = rollup::rule_counts(state.denials.pool(), since)
+        .await
+        .map_err(service)?;
+    let verdicts = rollup::rule_verdicts(state.denials.pool(), since)
+        .await
+        .map_err(service)?;
+    let mut by_rule: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (rule, allowed, refused) in verdicts {
+        let counts = by_rule.entry(rule).or_insert_with(|| vec![0; WIDTH]);
+        counts[0] += allowed;
+        counts[1] += refused;
+    }
+    for c in counted {
+        if let Some(col) = COLUMNS.iter().position(|o| o.as_str() == c.outcome) {
+            by_rule.entry(c.rule).or_insert_with(|| vec![0; WIDTH])[VERDICT_COLUMNS.len() + col] +=
+                c.verdicts;
+        }
+    }
+    Ok(by_rule)
+}
+
+impl RuleLine {
+    /// `rule`'s line, with its `counts`.
+    fn of(rule: &Rule, counts: Vec<i64>) -> RuleLine {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "any".to_owned()
+            } else {
+                v.join(", ")
+            }
+        };
+        RuleLine {
+            name: rule.name.clone(),
+            kind: rule.kind.name().to_owned(),
+            scope: serde_json::to_value(rule.scope)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            on_deny: rule.on_deny.as_str().to_owned(),
+            matches: format!(
+                "channels: {}; categories: {}",
+                list(&rule.matcher.channels),
+                list(&rule.matcher.categories)
+            ),
+            counts,
+        }
+    }
 }

@@ -188,10 +188,19 @@ mod tests {
         assert_eq!(parse_duration_ms("-1s"), None);
     }
 
+    /// Asserts that each kind's parameters are refused with the reason given.
+    fn refused<const N: usize>(cases: [(&str, &str, String); N]) {
+        for (kind, params, expected) in cases {
+            let table: toml::Table = params.parse().expect("TOML");
+            let refused = crate::rules::kinds::Kind::from_params(kind, &table);
+            assert_eq!(refused, Err(expected), "{kind}: {params}");
+        }
+    }
+
     #[test]
-    fn limits_rates_and_windows_at_zero_negative_or_beyond_their_type_are_refused() {
+    fn limits_at_zero_negative_or_beyond_their_type_are_refused() {
         let max = u32::MAX;
-        let cases = [
+        refused([
             (
                 "fixed_window",
                 "limit = 0\nwindow = \"1m\"",
@@ -212,6 +221,12 @@ mod tests {
                 "limit = 1e30\nwindow = \"1m\"",
                 "limit must be a whole number, got float".to_owned(),
             ),
+        ]);
+    }
+
+    #[test]
+    fn windows_at_zero_negative_or_beyond_366_days_are_refused() {
+        refused([
             (
                 "fixed_window",
                 "limit = 1\nwindow = \"0s\"",
@@ -233,6 +248,13 @@ mod tests {
                 "limit = 1\nwindow = \"99999999999999999999s\"",
                 "window \"99999999999999999999s\" is longer than 366d".to_owned(),
             ),
+        ]);
+    }
+
+    #[test]
+    fn rates_bursts_capacities_costs_and_days_at_zero_negative_or_beyond_are_refused() {
+        let max = u32::MAX;
+        refused([
             (
                 "gcra",
                 "rate = 0",
@@ -263,11 +285,6 @@ mod tests {
                 "window_days = 367",
                 "window_days (367) is more than 366".to_owned(),
             ),
-        ];
-        for (kind, params, expected) in cases {
-            let table: toml::Table = params.parse().expect("TOML");
-            let refused = crate::rules::kinds::Kind::from_params(kind, &table);
-            assert_eq!(refused, Err(expected), "{kind}: {params}");
-        }
+        ]);
     }
 }

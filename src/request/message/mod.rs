@@ -4,20 +4,26 @@
 //! well formed: ids are non-empty, short and free of control characters, the time zone exists,
 //! the cost is positive. A body that is not such a request becomes an [`InvalidMessage`] that
 //! names the reason, so the worker can route it to the invalid queue instead of failing.
+//! Decoding and each field's checks are in `decode`; what Postgres can store of a payload, in
+//! `payload`.
+
+mod decode;
+mod payload;
 
 use std::fmt;
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::request::attributes::{self, AttributeError, Attributes};
-use crate::request::names::{
-    cut, describe, echo, format_character, json_type, name_fault, NameFault, MAX_NAME_CHARS,
-    NAME_GRAMMAR,
-};
+use crate::request::attributes::{AttributeError, Attributes};
+use crate::request::names::{describe, NameFault, NAME_GRAMMAR};
 use crate::request::priority::Priority;
+pub(crate) use decode::decode_attributes;
+pub use payload::{
+    number_fault, MAX_DIGITS_AFTER_POINT, MAX_DIGITS_BEFORE_POINT, MAX_PAYLOAD_DEPTH,
+};
 
 /// Largest body the worker accepts by default; larger ones are invalid (a producer bug, or an
 /// attempt to make the worker buffer arbitrary amounts of memory).
@@ -78,7 +84,7 @@ pub enum InvalidMessage {
     #[error("field `{0}` contains a control character")]
     ControlCharacter(&'static str),
     /// A string field holds an invisible formatting or bidirectional control character, or a
-    /// line or paragraph separator (see [`format_character`]): ids and names are shown in logs
+    /// line or paragraph separator (see [`format_character`](crate::request::names::format_character)): ids and names are shown in logs
     /// and tables, where such a character hides, reorders or breaks what is around it.
     #[error("field `{field}` contains U+{:04X}, {}", u32::from(*.character), describe(*.character))]
     FormatCharacter {
@@ -137,7 +143,7 @@ pub enum InvalidMessage {
     #[error("field `payload` contains a NUL character (\\u0000), which cannot be stored")]
     NulInPayload,
     /// The cost is not a whole number from 1 to [`MAX_COST`]; holds what it is instead (see
-    /// [`echo_json`]).
+    /// [`echo_json`](decode::echo_json)).
     #[error("field `cost` must be a whole number from 1 to {MAX_COST}, got {0}")]
     BadCost(String),
     /// The priority is not one of [`Priority::ALL`]'s names; holds the name as [`echo`]
@@ -295,118 +301,7 @@ struct Stored<'a> {
     priority: Option<Priority>,
 }
 
-/// The wire shape: each field's JSON text, borrowed from the body, read by [`SendRequest::decode`]
-/// one field at a time so that a reason names the field at fault. Unknown fields are rejected
-/// so that a typo such as `timezon` is reported instead of silently falling back to the
-/// default zone.
-#[derive(Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a JSON object",
-    bound(deserialize = "'de: 'a")
-)]
-struct Wire<'a> {
-    id: Option<&'a RawValue>,
-    recipient: Option<&'a RawValue>,
-    channel: Option<&'a RawValue>,
-    category: Option<&'a RawValue>,
-    timezone: Option<&'a RawValue>,
-    cost: Option<&'a RawValue>,
-    #[serde(default)]
-    payload: Option<Box<RawValue>>,
-    // Defaulted as `payload` is, so that an array of the first fields still gets past serde
-    // (which would take the fields in order from it) to the object check's clearer reason.
-    #[serde(default)]
-    attributes: Option<&'a RawValue>,
-    // Defaulted as `attributes` is, for the same reason.
-    #[serde(default)]
-    expires_at: Option<&'a RawValue>,
-    #[serde(default)]
-    priority: Option<&'a RawValue>,
-}
-
 impl SendRequest {
-    /// Decodes and validates a body as it arrives from the broker.
-    pub fn decode(body: &[u8], max_body_bytes: usize) -> Result<SendRequest, InvalidMessage> {
-        if body.len() > max_body_bytes {
-            return Err(InvalidMessage::TooLarge {
-                size: body.len(),
-                limit: max_body_bytes,
-            });
-        }
-        let wire: Wire = serde_json::from_slice(body).map_err(|e| malformed(None, body, &e))?;
-        // serde would also take the fields in order from an array.
-        if body.trim_ascii_start().first() != Some(&b'{') {
-            let got = json_type(std::str::from_utf8(body.trim_ascii_start()).unwrap_or_default());
-            return Err(InvalidMessage::Malformed(format!(
-                "expected a JSON object, got {got}"
-            )));
-        }
-        let id = short_string("id", required("id", wire.id, MAX_ID_CHARS)?)?;
-        let recipient = required("recipient", wire.recipient, MAX_RECIPIENT_CHARS)?;
-        let channel = name(
-            "channel",
-            required("channel", wire.channel, MAX_NAME_CHARS)?,
-        )?;
-        let category = match optional("category", wire.category, MAX_NAME_CHARS)? {
-            Some(c) => name("category", c)?,
-            None => "default".to_owned(),
-        };
-        let timezone = match text("timezone", wire.timezone)? {
-            Some(name) => Some(
-                name.parse::<Tz>()
-                    .map_err(|_| InvalidMessage::UnknownTimeZone(echo(&name)))?,
-            ),
-            None => None,
-        };
-        let cost = match wire.cost.map(RawValue::get) {
-            None => 1,
-            Some(raw) => raw
-                .parse::<u32>()
-                .ok()
-                .filter(|c| (1..=MAX_COST).contains(c))
-                .ok_or_else(|| InvalidMessage::BadCost(echo_json(raw)))?,
-        };
-        if let Some(payload) = &wire.payload {
-            if let Some(fault) = payload_fault(payload.get()) {
-                return Err(fault);
-            }
-        }
-        let attributes = match wire.attributes {
-            Some(raw) => decode_attributes(raw.get())?,
-            None => Attributes::default(),
-        };
-        let expires_at = match text("expires_at", wire.expires_at)? {
-            Some(at) => {
-                Some(
-                    ExpiresAt::parse(&at).map_err(|fault| InvalidMessage::BadExpiresAt {
-                        got: echo(&at),
-                        fault,
-                    })?,
-                )
-            }
-            None => None,
-        };
-        let priority = match text("priority", wire.priority)? {
-            Some(name) => {
-                Priority::parse(&name).ok_or_else(|| InvalidMessage::BadPriority(echo(&name)))?
-            }
-            None => Priority::default(),
-        };
-        Ok(SendRequest {
-            id,
-            recipient,
-            channel,
-            category,
-            timezone,
-            cost,
-            payload: wire.payload.map(Payload),
-            attributes,
-            expires_at,
-            priority,
-        })
-    }
-
     /// The request as JSON, defaults left out: what a denial row keeps and a replay publishes.
     /// It decodes to an equal request and is never longer than a compact original, so a
     /// request accepted at the size limit can still be replayed. As a tree, for tools and
@@ -467,342 +362,10 @@ pub fn one_line(text: &str) -> String {
     out
 }
 
-/// A required string field, checked as [`optional`] does.
-fn required(
-    field: &'static str,
-    raw: Option<&RawValue>,
-    limit: usize,
-) -> Result<String, InvalidMessage> {
-    optional(field, raw, limit)?.ok_or(InvalidMessage::MissingField(field))
-}
-
-/// A string field when present: not empty, at most `limit` characters, and free of control
-/// and format characters.
-fn optional(
-    field: &'static str,
-    raw: Option<&RawValue>,
-    limit: usize,
-) -> Result<Option<String>, InvalidMessage> {
-    let Some(value) = text(field, raw)? else {
-        return Ok(None);
-    };
-    if value.is_empty() {
-        return Err(InvalidMessage::Empty(field));
-    }
-    // The usual field is ASCII: one pass over its bytes decides all three checks (no format
-    // character is ASCII).
-    if value.is_ascii() {
-        if value.len() > limit {
-            let len = value.len();
-            return Err(InvalidMessage::TooLong { field, len, limit });
-        }
-        if value.bytes().any(|b| b.is_ascii_control()) {
-            return Err(InvalidMessage::ControlCharacter(field));
-        }
-        return Ok(Some(value));
-    }
-    let len = value.chars().count();
-    if len > limit {
-        return Err(InvalidMessage::TooLong { field, len, limit });
-    }
-    if value.chars().any(char::is_control) {
-        return Err(InvalidMessage::ControlCharacter(field));
-    }
-    if let Some(character) = value.chars().find(|&c| format_character(c)) {
-        return Err(InvalidMessage::FormatCharacter { field, character });
-    }
-    Ok(Some(value))
-}
-
-/// A field's JSON text read as a string, with a reason naming the field when it is not one.
-fn text(field: &'static str, raw: Option<&RawValue>) -> Result<Option<String>, InvalidMessage> {
-    let Some(raw) = raw else {
-        return Ok(None);
-    };
-    let json = raw.get();
-    if !json.starts_with('"') {
-        return Err(InvalidMessage::WrongType {
-            field,
-            expected: "a string",
-            got: json_type(json),
-        });
-    }
-    // The text was checked as JSON with the whole body: a string without escapes is the text
-    // between its quotes (a raw control character is not valid JSON), read without parsing it
-    // again.
-    if let Some(plain) = json
-        .strip_prefix('"')
-        .and_then(|j| j.strip_suffix('"'))
-        .filter(|j| !j.contains('\\'))
-    {
-        return Ok(Some(plain.to_owned()));
-    }
-    serde_json::from_str(json)
-        .map(Some)
-        .map_err(|e| malformed(Some(field), json.as_bytes(), &e))
-}
-
-/// A channel or category: `value` when it is a name of [`NAME_GRAMMAR`].
-fn name(field: &'static str, value: String) -> Result<String, InvalidMessage> {
-    match name_fault(&value) {
-        Some(fault) => Err(InvalidMessage::NotAName { field, fault }),
-        None => Ok(value),
-    }
-}
-
-/// `value` when it fits in an AMQP short string.
-fn short_string(field: &'static str, value: String) -> Result<String, InvalidMessage> {
-    if value.len() > MAX_AMQP_SHORT_BYTES {
-        return Err(InvalidMessage::TooManyBytes {
-            field,
-            bytes: value.len(),
-        });
-    }
-    Ok(value)
-}
-
-/// A JSON value where a number was due, as a reason repeats it: a number as written (its
-/// characters need no escape; cut as [`echo`] cuts), a string as [`echo`] repeats its text,
-/// anything else by its type.
-fn echo_json(json: &str) -> String {
-    match json_type(json) {
-        "a number" => cut(json),
-        "a string" => serde_json::from_str::<String>(json)
-            .map(|text| echo(&text))
-            .unwrap_or_else(|_| "a string".to_owned()),
-        other => other.to_owned(),
-    }
-}
-
-/// Decodes a request's `attributes` (its JSON text) and checks every limit.
-pub(crate) fn decode_attributes(json: &str) -> Result<Attributes, InvalidMessage> {
-    let refused = InvalidMessage::Attribute;
-    if !json.starts_with('{') {
-        return Err(refused(attributes::AttributeError::NotAnObject(json_type(
-            json,
-        ))));
-    }
-    let attributes::Entries(raw) = serde_json::from_str(json)
-        .map_err(|e| malformed(Some("attributes"), json.as_bytes(), &e))?;
-    if raw.len() > attributes::MAX_ATTRIBUTES {
-        return Err(refused(attributes::AttributeError::TooMany(raw.len())));
-    }
-    let mut entries = Vec::with_capacity(raw.len());
-    for (key, value) in raw {
-        attributes::check_key(&key).map_err(refused)?;
-        let text = value.get();
-        if !text.starts_with('"') {
-            return Err(refused(attributes::AttributeError::Value {
-                key: echo(&key),
-                fault: attributes::ValueFault::NotAString(json_type(text)),
-            }));
-        }
-        let value: String = serde_json::from_str(text)
-            .map_err(|e| malformed(Some("attributes"), text.as_bytes(), &e))?;
-        attributes::check_value(&key, &value).map_err(refused)?;
-        entries.push((key, value));
-    }
-    Attributes::sorted(entries).map_err(refused)
-}
-
-/// The reason for a body (or a field's `json`) serde_json refused. Its messages are kept where
-/// they say what is wrong; a lone surrogate, of which serde_json says "unexpected end of hex
-/// escape", is named here, and an unknown field's name is repeated as every value is.
-pub(crate) fn malformed(
-    field: Option<&'static str>,
-    json: &[u8],
-    e: &serde_json::Error,
-) -> InvalidMessage {
-    let message = e.to_string();
-    // serde names an unknown field between backticks, as it came: repeated as [`echo`] does.
-    if let Some((name, rest)) = message.strip_prefix("unknown field `").and_then(|rest| {
-        rest.rfind("`, expected")
-            .map(|end| (&rest[..end], &rest[end + 1..]))
-    }) {
-        return InvalidMessage::Malformed(format!(
-            "unknown field {}{}",
-            echo(name),
-            one_line(rest)
-        ));
-    }
-    if message.starts_with("unexpected end of hex escape")
-        || message.starts_with("lone leading surrogate in hex escape")
-    {
-        if let Some(escape) = std::str::from_utf8(json).ok().and_then(lone_surrogate) {
-            return InvalidMessage::LoneSurrogate { field, escape };
-        }
-    }
-    InvalidMessage::Malformed(one_line(&message))
-}
-
-/// The first lone surrogate escape in the strings of `json` (known to be JSON syntax), as
-/// written.
-fn lone_surrogate(json: &str) -> Option<String> {
-    match scan(json) {
-        Some(Fault::LoneSurrogate(at)) => json.get(at..at + 6).map(str::to_owned),
-        _ => None,
-    }
-}
-
-/// Why the denial history could not store a payload (`json`, known to be JSON syntax): a NUL
-/// character, a lone surrogate, or a number beyond Postgres's numeric. One pass over the text,
-/// allocating nothing unless it finds one: the payload is never built into a tree.
-fn payload_fault(json: &str) -> Option<InvalidMessage> {
-    Some(match scan(json)? {
-        Fault::Nul => InvalidMessage::NulInPayload,
-        Fault::LoneSurrogate(at) => InvalidMessage::LoneSurrogate {
-            field: Some("payload"),
-            escape: json.get(at..at + 6).unwrap_or_default().to_owned(),
-        },
-        Fault::TooDeep => InvalidMessage::TooDeep,
-        Fault::Number(at, end, fault) => InvalidMessage::UnstorableNumber {
-            number: cut(json.get(at..end).unwrap_or_default()),
-            fault,
-        },
-    })
-}
-
-/// What [`scan`] found, with its byte offset in the text.
-enum Fault {
-    /// A `\u0000` escape in a string or key.
-    Nul,
-    /// A `\uD800`..`\uDFFF` escape that is not half of a pair.
-    LoneSurrogate(usize),
-    /// A number (from, to) that Postgres's numeric cannot hold, and why.
-    Number(usize, usize, &'static str),
-    /// Arrays and objects nested deeper than [`MAX_PAYLOAD_DEPTH`].
-    TooDeep,
-}
-
-/// Deepest nesting of arrays and objects in a payload. Postgres parses jsonb recursively and
-/// refuses a deep one with "stack depth limit exceeded" (SQLSTATE 54001: 30,000 levels fail
-/// at the default `max_stack_depth`), a failure that looks like the service's and would be
-/// retried for ever; 127 is what serde_json allows inside the request object.
-pub const MAX_PAYLOAD_DEPTH: usize = 127;
-
-/// The first fault in `json` (known to be JSON syntax: serde_json checked it, escapes and
-/// numbers included, but lets a lone surrogate through in text it does not decode).
-fn scan(json: &str) -> Option<Fault> {
-    let bytes = json.as_bytes();
-    let mut i = 0;
-    let mut depth = 0;
-    while let Some(&b) = bytes.get(i) {
-        i = match b {
-            b'[' | b'{' if depth == MAX_PAYLOAD_DEPTH => return Some(Fault::TooDeep),
-            b'[' | b'{' => {
-                depth += 1;
-                i + 1
-            }
-            b']' | b'}' => {
-                depth = depth.saturating_sub(1);
-                i + 1
-            }
-            b'"' => match scan_string(bytes, i + 1) {
-                Ok(end) => end,
-                Err(fault) => return Some(fault),
-            },
-            b'-' | b'0'..=b'9' => {
-                let end = i + bytes[i..]
-                    .iter()
-                    .take_while(|b| matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
-                    .count();
-                if let Some(fault) = json.get(i..end).and_then(number_fault) {
-                    return Some(Fault::Number(i, end, fault));
-                }
-                end
-            }
-            _ => i + 1,
-        };
-    }
-    None
-}
-
-/// Walks a string from just after its opening quote to just after its closing one.
-fn scan_string(bytes: &[u8], mut i: usize) -> Result<usize, Fault> {
-    while let Some(&b) = bytes.get(i) {
-        match (b, bytes.get(i + 1)) {
-            (b'"', _) => return Ok(i + 1),
-            (b'\\', Some(b'u')) => match hex_unit(bytes, i) {
-                Some(0) => return Err(Fault::Nul),
-                Some(0xD800..=0xDBFF)
-                    if matches!(hex_unit(bytes, i + 6), Some(0xDC00..=0xDFFF)) =>
-                {
-                    i += 12
-                }
-                Some(0xD800..=0xDFFF) => return Err(Fault::LoneSurrogate(i)),
-                _ => i += 6,
-            },
-            (b'\\', _) => i += 2,
-            _ => i += 1,
-        }
-    }
-    Ok(i)
-}
-
-/// The UTF-16 unit of the `\uXXXX` escape at `at`, if one is there.
-fn hex_unit(bytes: &[u8], at: usize) -> Option<u32> {
-    let escape = bytes.get(at..at + 6)?;
-    if !escape.starts_with(b"\\u") {
-        return None;
-    }
-    u32::from_str_radix(std::str::from_utf8(&escape[2..]).ok()?, 16).ok()
-}
-
-/// Most digits Postgres's numeric keeps before the decimal point: the first significant
-/// digit's weight in base 10,000 is an int16 (32767), so 4 × 32768.
-pub const MAX_DIGITS_BEFORE_POINT: i64 = 131_072;
-/// Most digits Postgres's numeric keeps after the decimal point (its display scale, 14 bits),
-/// counting the zeros written at the end.
-pub const MAX_DIGITS_AFTER_POINT: i64 = 16_383;
-/// Postgres 15 refuses an exponent of this size or more before anything else (`INT_MAX / 2`),
-/// even for zero.
-const MAX_EXPONENT: u64 = 1_073_741_823;
-
-/// Why Postgres's numeric, which jsonb stores numbers in, cannot hold the JSON number `text`,
-/// or `None` when it can. Postgres computes, from the digits as written: the display scale,
-/// the fraction's digits (trailing zeros included) less the exponent, at most
-/// [`MAX_DIGITS_AFTER_POINT`]; and the position of the first significant digit, which must be
-/// within [`MAX_DIGITS_BEFORE_POINT`] digits before the point. So `1e131071` and `1e-16383`
-/// are stored, `1e131072`, `1e-16384` and `1.0e-16383` are not (tested against Postgres).
-pub fn number_fault(text: &str) -> Option<&'static str> {
-    let unsigned = text.strip_prefix('-').unwrap_or(text);
-    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
-        Some(at) => (&unsigned[..at], &unsigned[at + 1..]),
-        None => (unsigned, "0"),
-    };
-    let Some(exponent) = exponent
-        .parse::<i64>()
-        .ok()
-        .filter(|e| e.unsigned_abs() < MAX_EXPONENT)
-    else {
-        return Some("Postgres's numeric takes an exponent below 1073741823 in size");
-    };
-    let (int, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    if fraction.len() as i64 - exponent > MAX_DIGITS_AFTER_POINT {
-        return Some(
-            "Postgres's numeric keeps at most 16383 digits after the decimal point, zeros \
-             written at the end included",
-        );
-    }
-    // JSON writes no leading zeros: the integer part is "0" or starts with its first
-    // significant digit.
-    let first_significant = if int != "0" {
-        Some(int.len() as i64 - 1)
-    } else {
-        fraction
-            .bytes()
-            .position(|d| d != b'0')
-            .map(|k| -(k as i64) - 1)
-    };
-    if first_significant.is_some_and(|p| p + exponent >= MAX_DIGITS_BEFORE_POINT) {
-        return Some("Postgres's numeric keeps at most 131072 digits before the decimal point");
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::names::{format_character, name_fault};
 
     #[test]
     fn an_id_over_255_bytes_is_refused_though_within_its_characters() {
@@ -994,6 +557,10 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn visible_characters_and_other_spaces_are_not_format_characters() {
         for c in [
             'a',
             ' ',
@@ -1006,6 +573,10 @@ mod tests {
         ] {
             assert!(!format_character(c), "U+{:04X}", u32::from(c));
         }
+    }
+
+    #[test]
+    fn a_refused_character_s_reason_says_what_it_is() {
         let reason = |recipient: &str| {
             decode(
                 &serde_json::json!({"id": "m", "recipient": recipient, "channel": "sms"})
@@ -1026,7 +597,7 @@ mod tests {
     }
 
     #[test]
-    fn payload_numbers_are_refused_exactly_where_postgres_numeric_ends() {
+    fn payload_numbers_postgres_numeric_holds_are_stored() {
         for stored in [
             "0",
             "-0",
@@ -1048,6 +619,10 @@ mod tests {
         ] {
             assert_eq!(number_fault(stored), None, "{stored}");
         }
+    }
+
+    #[test]
+    fn payload_numbers_are_refused_exactly_where_postgres_numeric_ends() {
         let before =
             Some("Postgres's numeric keeps at most 131072 digits before the decimal point");
         let after = Some(
@@ -1072,6 +647,10 @@ mod tests {
         ] {
             assert_eq!(number_fault(refused), fault, "{refused}");
         }
+    }
+
+    #[test]
+    fn an_unstorable_payload_number_is_named_and_others_pass_through_as_written() {
         let body = r#"{"id":"m","recipient":"u","channel":"sms","payload":{"a":["x",1e-20000]}}"#;
         assert_eq!(
             decode(body).map_err(|e| e.to_string()),
@@ -1217,13 +796,15 @@ mod tests {
         );
     }
 
+    /// A request whose `expires_at` is the JSON text `expires_at`, decoded.
+    fn with(expires_at: &str) -> Result<SendRequest, InvalidMessage> {
+        decode(&format!(
+            r#"{{"id":"m","recipient":"u","channel":"sms","expires_at":{expires_at}}}"#
+        ))
+    }
+
     #[test]
     fn expires_at_is_an_rfc3339_instant_with_an_offset_in_the_supported_range() {
-        let with = |expires_at: &str| {
-            decode(&format!(
-                r#"{{"id":"m","recipient":"u","channel":"sms","expires_at":{expires_at}}}"#
-            ))
-        };
         for (text, instant) in [
             ("2026-05-01T09:00:00Z", "2026-05-01T09:00:00Z"),
             ("2026-05-01T11:00:00+02:00", "2026-05-01T09:00:00Z"),
@@ -1247,6 +828,10 @@ mod tests {
             assert_eq!(decode(&m.to_json_text()), Ok(m.clone()), "{text}");
         }
         assert_eq!(with("null").map(|m| m.expires_at), Ok(None));
+    }
+
+    #[test]
+    fn an_expires_at_that_is_no_rfc3339_instant_or_out_of_range_is_refused() {
         let not_rfc3339 =
             "must be an RFC 3339 instant with an offset, such as 2026-05-01T09:00:00Z";
         let out_of_range =
