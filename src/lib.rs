@@ -66,6 +66,7 @@ pub mod internals {
     /// The crate's `intake::broker`.
     pub mod broker {
         pub use crate::intake::broker::*;
+        pub use crate::intake::publisher::*;
     }
     /// The crate's `decide::claim`.
     pub mod claim {

@@ -21,7 +21,7 @@ use crate::decide::claim::Claim;
 use crate::decide::decision::{self, Decision};
 use crate::decide::limiter::{Evaluation, Limiter, LimiterError};
 use crate::decide::outcome::{Handled, Outcome, OutcomeName, Verdict};
-use crate::intake::broker::Publisher;
+use crate::intake::publisher::Publisher;
 use crate::intake::sequence::Place;
 use crate::record::rollup::DecisionCounts;
 use crate::request::message::{InvalidMessage, SendRequest};

@@ -22,7 +22,8 @@ use crate::base::config::{ConfigError, LogFormat, LogSettings, Settings};
 use crate::base::failpoint;
 use crate::base::store::RedisConn;
 use crate::decide::limiter::Limiter;
-use crate::intake::broker::{self, Names, Publisher};
+use crate::intake::broker::Names;
+use crate::intake::publisher::{self, Publisher};
 use crate::record::denials::DenialStore;
 use crate::request::message::SendRequest;
 use crate::startup;
@@ -427,13 +428,13 @@ async fn check(
     Ok(())
 }
 
-/// [`broker::open_publisher`], its failure as the command's.
+/// [`publisher::open_publisher`], its failure as the command's.
 async fn open_publisher(
     settings: &Settings,
     names: &Names,
     role: &str,
 ) -> Result<(lapin::Connection, Publisher), CliError> {
-    broker::open_publisher(&settings.amqp, names, role)
+    publisher::open_publisher(&settings.amqp, names, role)
         .await
         .map_err(|e| service("rabbitmq")(&e))
 }

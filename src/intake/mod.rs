@@ -3,5 +3,6 @@
 pub mod acks;
 pub mod broker;
 pub mod confirms;
+pub mod publisher;
 pub mod sequence;
 pub mod worker;

@@ -19,7 +19,8 @@ use lapin::{Channel, Connection};
 use serde::Serialize;
 
 use crate::base::config::AmqpSettings;
-use crate::intake::broker::{self, timed, BrokerError, Names, Publisher};
+use crate::intake::broker::{self, timed, BrokerError, Names};
+use crate::intake::publisher::{self, Publisher};
 use crate::record::denials::{DenialError, DenialStore};
 
 /// One quarantined message, as `quarantine list` prints it.
@@ -227,7 +228,7 @@ pub async fn replay_held(
     actor: &str,
     role: &str,
 ) -> Result<usize, QuarantineError> {
-    let (connection, publisher) = broker::open_publisher(settings, names, role).await?;
+    let (connection, publisher) = publisher::open_publisher(settings, names, role).await?;
     let replayed = async {
         let channel = timed("channel.open", connection.create_channel()).await?;
         let (replayed, left) = replay(&channel, &publisher, names, store, which, actor).await?;

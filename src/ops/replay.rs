@@ -15,7 +15,8 @@ use chrono::{DateTime, Utc};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::BasicProperties;
 
-use crate::intake::broker::{self, BrokerError, Names, Publisher};
+use crate::intake::broker::{self, BrokerError, Names};
+use crate::intake::publisher::Publisher;
 use crate::record::denials::{Denial, DenialError, DenialFilter, DenialStore};
 
 /// What to replay and how fast.

@@ -18,7 +18,8 @@ use crate::base::traces;
 use crate::decide::claim::Claim;
 use crate::decide::outcome::{self, Failure, Handled, Next};
 use crate::intake::acks::Settler;
-use crate::intake::broker::{BrokerError, Names, Publisher};
+use crate::intake::broker::{BrokerError, Names};
+use crate::intake::publisher::Publisher;
 use crate::intake::sequence::Place;
 use crate::request::message::{InvalidMessage, SendRequest};
 
