@@ -13,9 +13,9 @@
 //!           deny, delay, expire, unchecked, hold, invalid, quarantine), shared with digest
 //!           (the flusher) and held (the messages digest rules hold)
 //! intake/   worker (a broker session's deliveries, slots, retries), broker (lapin
-//!           connections, topology, confirmed publishes, the receipt read from the headers
-//!           once), acks (coalesced), sequence (a recipient's messages in delivery order),
-//!           confirms
+//!           connections, topology, the receipt read from the headers once), publisher
+//!           (confirmed publishes), acks (coalesced), sequence (a recipient's messages in
+//!           delivery order), confirms
 //! record/   denials/ (the history), rollup (per-minute counts)
 //! decide/   limiter/ (one Lua script call per scope, all-or-nothing: every rule's verdict;
 //!           keys, claim, dedup, deny_cache), decision (pure: policy + request + receipt +

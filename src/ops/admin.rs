@@ -24,7 +24,8 @@ use crate::base::telemetry;
 use crate::decide::decision;
 use crate::ops::console::{Console, ConsoleState};
 use crate::ops::service::{
-    decision_instant, next_after, peek, reset_recipient, token_actor, DenialQuery, Ops, PeekQuery,
+    decision_instant, next_after, peek, reset_recipient, token_actor, DenialQuery, Ops, PeekError,
+    PeekQuery,
 };
 use crate::request::message::SendRequest;
 use crate::rules::reload::{ReloadError, Source};
@@ -287,7 +288,8 @@ async fn peek_quota(
             let rules = decision::rules_report(&verdicts);
             Json(json!({ "recipient": recipient, "at": at, "rules": rules })).into_response()
         }
-        Err((status, message)) => error(status, message),
+        Err(e @ PeekError::Query(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ PeekError::Unavailable(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 

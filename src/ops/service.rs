@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::Deserialize;
@@ -183,15 +182,25 @@ pub struct PeekQuery {
     pub at: Option<DateTime<Utc>>,
 }
 
+/// Why a quota peek failed: the query's fault (an answer of 400 in the API), or Redis's.
+#[derive(Debug, thiserror::Error)]
+pub enum PeekError {
+    /// The query named an unknown zone, an instant out of range or unreadable attributes.
+    #[error("{0}")]
+    Query(String),
+    /// Redis failed the peek.
+    #[error("{0}")]
+    Unavailable(#[from] crate::decide::limiter::LimiterError),
+}
+
 /// Every recipient-scope rule's usage for `recipient` as `query` asks, at the instant it
-/// names or now: the quota peek of the API and the console. The error is the status and the
-/// message to answer with.
+/// names or now: the quota peek of the API and the console.
 pub async fn peek(
     state: &Ops,
     recipient: &str,
     query: PeekQuery,
-) -> Result<(DateTime<Utc>, Vec<Verdict>), (StatusCode, String)> {
-    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+) -> Result<(DateTime<Utc>, Vec<Verdict>), PeekError> {
+    let bad = PeekError::Query;
     let zone = match query.timezone.as_deref().map(str::parse::<Tz>).transpose() {
         Ok(z) => z,
         Err(_) => return Err(bad("unknown time zone".to_owned())),
@@ -216,10 +225,7 @@ pub async fn peek(
         &attributes,
         at,
     );
-    match peeked.await {
-        Ok(verdicts) => Ok((at, verdicts)),
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
-    }
+    Ok((at, peeked.await?))
 }
 
 /// A quota reset that happened, as [`reset_recipient`] reports it.

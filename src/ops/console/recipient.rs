@@ -126,7 +126,7 @@ async fn usage_and_recent(
         crate::ops::service::peek(state, id, peek),
         state.denials.list(&filter)
     );
-    let (at, verdicts) = peeked.map_err(|(_, message)| ConsoleError::Service(message))?;
+    let (at, verdicts) = peeked.map_err(|e| ConsoleError::Service(e.to_string()))?;
     let recent = recent.map_err(|e| ConsoleError::Service(e.to_string()))?;
     Ok((at, verdicts, recent))
 }
