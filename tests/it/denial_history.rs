@@ -244,6 +244,51 @@ async fn batches_racing_over_the_same_events_record_each_event_exactly_once() {
     other.close().await;
 }
 
+/// Several workers writing the first denials of a month at once each find its partition
+/// missing and create it: every one of them succeeds, none retries on an error, and the month
+/// has one partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_creating_a_months_partition_at_once_all_succeed() {
+    const WORKERS: usize = 8;
+    let env = TestEnv::new().await;
+    let mut pools = Vec::new();
+    for _ in 0..WORKERS {
+        let pool = sqlx::PgPool::connect(&env.database_url)
+            .await
+            .expect("a worker's pool");
+        pools.push(pool);
+    }
+    for month in 1..=6 {
+        // A month no partition holds yet, the same for every worker.
+        let at = chrono::TimeZone::with_ymd_and_hms(&Utc, 2031, month, 15, 12, 0, 0).unwrap();
+        let writes = pools.iter().enumerate().map(|(w, pool)| {
+            let store = DenialStore::from_pool(pool.clone());
+            async move {
+                let rows = [row(&format!("p{month}w{w}"), "a", None, at)];
+                store.insert_batch(&rows).await
+            }
+        });
+        for (w, written) in futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(
+                written.map_err(|e| e.to_string()),
+                Ok(vec![true]),
+                "month {month}: worker {w} recorded its denial"
+            );
+        }
+    }
+    let created = partitions(&env).await;
+    let in_2031: Vec<&String> = created.iter().filter(|p| p.contains("y2031")).collect();
+    assert_eq!(in_2031.len(), 6, "one partition a month: {created:?}");
+    assert_eq!(env.denial_rows().await, (6 * WORKERS) as i64);
+    for pool in pools {
+        pool.close().await;
+    }
+}
+
 #[tokio::test]
 async fn prune_forgets_the_events_of_the_months_it_drops_and_keeps_the_others() {
     let env = TestEnv::new().await;

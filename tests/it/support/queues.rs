@@ -212,7 +212,11 @@ impl TestEnv {
 pub async fn drain(channel: &Channel, queue: &str) -> Vec<lapin::message::BasicGetMessage> {
     let mut out = Vec::new();
     let get = BasicGetOptions { no_ack: true };
-    while let Some(m) = channel.basic_get(queue.into(), get).await.expect("basic_get") {
+    while let Some(m) = channel
+        .basic_get(queue.into(), get)
+        .await
+        .expect("basic_get")
+    {
         out.push(m);
     }
     out
