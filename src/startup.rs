@@ -292,10 +292,10 @@ async fn connect_redis(settings: &Settings) -> Result<RedisConn, StartupError> {
 }
 
 /// The limiter, with a deny cache kept subscribed to its invalidations until `stop` when
-/// the settings ask for one (single Redis only: the cache needs its pub/sub).
+/// the settings ask for one.
 fn limiter(settings: &Settings, redis: &RedisConn, stop: &watch::Receiver<bool>) -> Limiter {
     let limiter = Limiter::new(redis.clone(), &settings.namespace);
-    if !settings.worker.deny_cache || !settings.redis.cluster_urls.is_empty() {
+    if !settings.worker.deny_cache {
         return limiter;
     }
     let cache = Arc::new(DenyCache::new());

@@ -273,6 +273,10 @@ pub async fn announce(
 
 /// Keeps `cache` subscribed to the quota-freeing events on `channel` until `stop` turns true;
 /// the cache is on only while the subscription is up, so no invalidation can be missed.
+///
+/// On a Redis Cluster the subscription is on one node, the seeds taken in turn when one fails:
+/// a cluster forwards every `PUBLISH` to all its nodes, so any node hears every worker's
+/// announcements.
 pub async fn listen(
     redis: RedisSettings,
     channel: String,
@@ -280,9 +284,14 @@ pub async fn listen(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff_ms = 100;
-    loop {
+    let urls = if redis.cluster_urls.is_empty() {
+        vec![redis.url.clone()]
+    } else {
+        redis.cluster_urls.clone()
+    };
+    for url in urls.iter().cycle() {
         let subscribed = async {
-            let client = crate::base::store::client(&redis.url, &redis.tls)?;
+            let client = crate::base::store::client(url, &redis.tls)?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             redis::RedisResult::Ok(pubsub)

@@ -263,7 +263,17 @@ fn policies_with_other_kinds_or_scopes_are_not_cached() {
 /// so the cache would stay empty and the test could not tell a heard reset from none.
 #[tokio::test]
 async fn a_reset_through_the_admin_path_reaches_the_workers_cache() {
-    let mut env = TestEnv::new().await;
+    a_reset_reaches_the_workers_cache(TestEnv::new().await).await;
+}
+
+/// The same on a Redis Cluster: the worker's subscription is on one node, the reset's
+/// announcement is published through the cluster connection to whichever node it picks.
+#[tokio::test]
+async fn on_a_cluster_a_reset_through_the_admin_path_reaches_the_workers_cache() {
+    a_reset_reaches_the_workers_cache(TestEnv::on_cluster("").await).await;
+}
+
+async fn a_reset_reaches_the_workers_cache(mut env: TestEnv) {
     let port = support::private::free_port();
     env.settings.admin.listen = format!("127.0.0.1:{port}");
     let clock = ManualClock::new(local("UTC", "2026-04-01 09:00"));
