@@ -299,6 +299,10 @@ pub struct SingleServer {
 
 /// `call`, cut off once `limit` has passed with the error redis-rs's own timeouts give (a
 /// timed-out I/O error), which callers take for an unavailable Redis.
+///
+/// `call` awaits the manager's calls through `ConnectionLike`, which boxes each one: the
+/// manager's call state is kilobytes, and held inline it would be copied whole each time a
+/// future holding it is built or moved (this box, the timeout, `call` itself), on every call.
 fn within<'a, T: Send + 'a>(
     limit: Duration,
     call: impl std::future::Future<Output = RedisResult<T>> + Send + 'a,
@@ -314,8 +318,8 @@ impl ConnectionLike for SingleServer {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let manager = &mut self.manager;
         within(self.timeout, async move {
-            match manager.send_packed_command(cmd).await {
-                Err(e) if e.is_connection_refusal() => manager.send_packed_command(cmd).await,
+            match manager.req_packed_command(cmd).await {
+                Err(e) if e.is_connection_refusal() => manager.req_packed_command(cmd).await,
                 reply => reply,
             }
         })
@@ -329,9 +333,9 @@ impl ConnectionLike for SingleServer {
     ) -> RedisFuture<'a, Vec<Value>> {
         let manager = &mut self.manager;
         within(self.timeout, async move {
-            match manager.send_packed_commands(pipeline, offset, count).await {
+            match manager.req_packed_commands(pipeline, offset, count).await {
                 Err(e) if e.is_connection_refusal() => {
-                    manager.send_packed_commands(pipeline, offset, count).await
+                    manager.req_packed_commands(pipeline, offset, count).await
                 }
                 reply => reply,
             }

@@ -77,13 +77,28 @@ pub fn prelude_for(body: &str) -> String {
                 text.push_str(paragraph);
             }
         }
+        // One pass over the text finds every name it uses, rather than one search of the
+        // whole text per helper: the first decision composes its script while it waits.
+        let mut unused: Vec<(&str, &mut bool)> = paragraphs
+            .iter()
+            .zip(kept.iter_mut())
+            .filter_map(|((name, _), keep)| name.filter(|_| !*keep).map(|name| (name, keep)))
+            .collect();
         let mut grew = false;
-        for ((name, _), keep) in paragraphs.iter().zip(kept.iter_mut()) {
-            if let (Some(name), false) = (name, *keep) {
-                if uses(&text, name) {
-                    *keep = true;
+        let mut search = |used: &str| {
+            for (name, keep) in unused.iter_mut() {
+                if !**keep && *name == used {
+                    **keep = true;
                     grew = true;
                 }
+            }
+        };
+        names_used(&text).for_each(&mut search);
+        // A name that is not one word is never one token: searched for as before.
+        for (name, keep) in unused.iter_mut() {
+            if !**keep && !name.chars().all(word_char) && uses(&text, name) {
+                **keep = true;
+                grew = true;
             }
         }
         if !grew {
@@ -113,11 +128,45 @@ fn helper_name(paragraph: &str) -> Option<&str> {
     })
 }
 
+/// A character of a Lua name, as [`uses`] and [`names_used`] tell words apart.
+fn word_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Every name the code of Lua `text` uses, by the rule of [`uses`] (a whole word, not a field,
+/// not a definition, not in a comment), once per use: for a name of one word,
+/// `names_used(text).any(|n| n == name)` is `uses(text, name)`.
+fn names_used(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .map(|line| line.split("--").next().unwrap_or_default())
+        .flat_map(|code| {
+            let mut rest = code.char_indices().peekable();
+            std::iter::from_fn(move || loop {
+                let (start, c) = rest.next()?;
+                if !word_char(c) {
+                    continue;
+                }
+                let mut end = start + c.len_utf8();
+                while let Some(&(at, c)) = rest.peek().filter(|(_, c)| word_char(*c)) {
+                    end = at + c.len_utf8();
+                    rest.next();
+                }
+                let (before, after) = (&code[..start], &code[end..]);
+                let field = before.ends_with(['.', ':']);
+                let definition = before.ends_with("function ")
+                    || (before.ends_with("local ") && after.starts_with(" ="));
+                if !field && !definition {
+                    return Some(&code[start..end]);
+                }
+            })
+        })
+}
+
 /// Whether the code of Lua `text` uses `name`: as a whole word, not as a field (`t.name`,
 /// `t:name`) and not where it is defined (`local function name(`, `local name =`). Comments
 /// (`--` to the end of the line; no Lua string of lua/ holds `--`) are not code.
 fn uses(text: &str, name: &str) -> bool {
-    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let word = word_char;
     text.lines()
         .map(|line| line.split("--").next().unwrap_or_default())
         .any(|code| {
@@ -414,6 +463,42 @@ mod tests {
         assert!(!uses("t.int(1) t:int(2)", "int"));
         assert!(!uses("local NOW = NOW_ARG + 0", "NOW"));
         assert!(!uses("redis.call('ZADD', k, NOW_ARG, ID) -- at NOW", "NOW"));
+    }
+
+    #[test]
+    fn the_names_a_text_uses_are_the_names_uses_finds() {
+        let mut names: Vec<&str> = PRELUDE.split("\n\n").filter_map(helper_name).collect();
+        names.extend(["x", "t", "local", "end", "KINDS", "int(", "a.b"]);
+        let mut texts: Vec<String> = SOURCES.iter().map(|(_, s)| (*s).to_owned()).collect();
+        texts.extend([PRELUDE, DRIVER].map(str::to_owned));
+        texts.push(source_for(KindSet::ALL));
+        texts.extend(
+            [
+                "local x = int(3)",
+                "t.int(1) t:int(2) local function int(x)",
+                "local NOW = NOW_ARG + 0 -- NOW",
+                "é_int int·x inté local int =1 local  int = 2",
+            ]
+            .map(str::to_owned),
+        );
+        for text in &texts {
+            for name in &names {
+                let by_tokens =
+                    name.chars().all(word_char) && names_used(text).any(|used| used == *name);
+                let by_search = !name.is_empty() && uses(text, name);
+                if name.chars().all(word_char) {
+                    assert_eq!(
+                        by_tokens,
+                        by_search,
+                        "{name:?} in {:?}",
+                        &text[..40.min(text.len())]
+                    );
+                }
+            }
+        }
+        let used = names_used("a.b c:d(e) -- f\nlocal function g(h) local i = j end");
+        let one_letter: Vec<&str> = used.filter(|name| name.len() == 1).collect();
+        assert_eq!(one_letter, ["a", "c", "e", "h", "j"]);
     }
 
     #[test]

@@ -55,20 +55,10 @@ impl Task {
         let in_flight = self.pipeline.rules.current().metrics.in_flight();
         tally.lock().unwrap_or_else(|p| p.into_inner()).running += 1;
         // Boxed: the runtime moves a task's future when it is spawned and again when it
-        // completes; a box is moved as a pointer.
-        tokio::spawn(Box::pin(async move {
-            let ended = self.process(delivery).await;
-            {
-                let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
-                tally.running -= 1;
-                if ended == traces::REQUEUED {
-                    tally.requeued += 1;
-                } else {
-                    tally.acked += 1;
-                }
-            }
-            drop((slot, in_flight));
-        }));
+        // completes; a box is moved as a pointer. `process` itself is the task, not a block
+        // awaiting it: a block would hold the task and the delivery once more beside the
+        // copies `process` keeps, in a box copied whole for every delivery.
+        tokio::spawn(Box::pin(self.process(delivery, (slot, in_flight), tally)));
     }
 
     /// Whether retrying is pointless: a lost channel can neither publish nor ack, and the
@@ -78,10 +68,31 @@ impl Task {
     }
 
     /// Handles the delivery until its outcome is durable, then hands it to the settler to be
-    /// acked. Retries on service failures; gives up (the message goes back to the queue) when
-    /// the channel is gone or the worker is stopping. Returns how it was settled
-    /// ([`traces::REQUEUED`] when given back).
-    async fn process(mut self, delivery: Delivery) -> &'static str {
+    /// acked, holding `held` (its slot and its count in flight) until then and counting how it
+    /// ended in `tally`. Retries on service failures; gives up (the message goes back to the
+    /// queue) when the channel is gone or the worker is stopping.
+    async fn process(
+        mut self,
+        delivery: Delivery,
+        held: (tokio::sync::OwnedSemaphorePermit, telemetry::InFlight),
+        tally: Arc<std::sync::Mutex<Tally>>,
+    ) {
+        let ended = self.settle(&delivery).await;
+        {
+            let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
+            tally.running -= 1;
+            if ended == traces::REQUEUED {
+                tally.requeued += 1;
+            } else {
+                tally.acked += 1;
+            }
+        }
+        drop(held);
+    }
+
+    /// [`Task::process`]'s work: returns how the delivery was settled ([`traces::REQUEUED`]
+    /// when given back).
+    async fn settle(&mut self, delivery: &Delivery) -> &'static str {
         let claim = Claim::new(self.pipeline.claim_lease_ms);
         let mut failures = Failures::default();
         // The delivery's `receive` span, ended when the delivery is settled or given up;
@@ -96,7 +107,7 @@ impl Task {
             let handled = Box::pin(self.pipeline.handle(
                 &self.publisher,
                 &self.request,
-                &delivery,
+                delivery,
                 &claim,
                 &mut self.place,
                 trace.as_deref(),
@@ -122,7 +133,7 @@ impl Task {
                     self.pipeline
                         .rollup
                         .count(self.pipeline.clock.now(), &handled);
-                    log_handled(&delivery, request, &handled);
+                    log_handled(delivery, request, &handled);
                     self.settler.ack(delivery.delivery_tag);
                     return handled.name().as_str();
                 }
@@ -134,7 +145,7 @@ impl Task {
                     // Boxed: quarantining or yielding a slot is rare, and inline its state
                     // would make every delivery's task many kilobytes larger, copied whole
                     // when the task is spawned and when it completes.
-                    let settled = Box::pin(self.after_failure(&delivery, &claim, &failures));
+                    let settled = Box::pin(self.after_failure(delivery, &claim, &failures));
                     if let Some(settled) = settled.await {
                         if let Some(trace) = &trace {
                             trace.settled(settled, &[]);
