@@ -11,6 +11,7 @@
 
 pub mod browser;
 pub mod denials;
+pub mod drill;
 pub mod env;
 pub mod fixtures;
 pub mod http;
