@@ -12,8 +12,9 @@
 //! included: a message that fails open (`on_unavailable = "allow"`) goes out that soon, and the
 //! messages to its recipient queued behind it each as soon. See [`SingleServer`] for how.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -156,17 +157,19 @@ pub enum RedisConn {
     Cluster(ClusterServer),
 }
 
-/// A Redis Cluster's connection: redis-rs's cluster-async connection, opened anew when no call
-/// on it has been answered for [`ClusterServer::stuck_after`] while calls were made.
+/// A Redis Cluster's connection: redis-rs's cluster-async connection, opened anew when the calls
+/// on one hash tag, or on the whole cluster, have timed out for [`ClusterServer::stuck_after`]
+/// without an answer.
 ///
 /// redis-rs 1.8's cluster connection can stop for good at a failover under load: while it
 /// refreshes the slot map it polls nothing else, and the refresh waits for the write half of
 /// a lock (a fair tokio `RwLock`) that was already handed to a request or a reconnect that is
 /// no longer polled. Every call then times out, on every shard, until the process restarts
-/// (docs/guarantees.md has the minimal case). Its API offers no way to reset the connection,
-/// so a stuck one is replaced by a new one from the same client; calls made meanwhile fail as
-/// while any Redis is away. A cluster with one shard down still answers on the others, and is
-/// left alone.
+/// (docs/guarantees.md has the minimal case); sometimes only one shard's calls stop. Its API
+/// offers no way to reset the connection, so a stuck one is replaced by a new one from the
+/// same client; calls made meanwhile fail as while any Redis is away. A shard whose master is
+/// down until its replica is promoted looks the same for that long: the new connection it
+/// costs then is harmless.
 #[derive(Clone)]
 pub struct ClusterServer {
     shared: Arc<ClusterShared>,
@@ -178,6 +181,9 @@ struct ClusterShared {
     current: RwLock<ClusterConnection>,
     /// When a call was last answered, in milliseconds since `origin`.
     answered_ms: AtomicU64,
+    /// Per hash tag whose calls time out: when the first did since one was last answered (ms
+    /// since `origin`). Emptied when the connection is opened anew.
+    timing_out: Mutex<HashMap<Vec<u8>, u64>>,
     origin: Instant,
     /// Set while a new connection is being opened: one at a time.
     reopening: AtomicBool,
@@ -207,19 +213,31 @@ impl ClusterServer {
     /// Notes how a call ended: an answer of any kind shows the connection works; a timeout
     /// after [`ClusterServer::stuck_after`] without one opens a new connection beside the
     /// calls.
-    fn observe<T>(&self, reply: &RedisResult<T>) {
+    fn observe<T>(&self, tag: Option<&[u8]>, reply: &RedisResult<T>) {
         let shared = &self.shared;
         let now_ms = u64::try_from(shared.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        match reply {
-            Err(e) if e.is_timeout() => {
-                let silent = now_ms.saturating_sub(shared.answered_ms.load(Ordering::Relaxed));
-                if Duration::from_millis(silent) >= shared.stuck_after
-                    && !shared.reopening.swap(true, Ordering::AcqRel)
-                {
-                    tokio::spawn(self.clone().reopen(silent));
-                }
+        let timed_out = matches!(reply, Err(e) if e.is_timeout());
+        if !timed_out {
+            shared.answered_ms.store(now_ms, Ordering::Relaxed);
+        }
+        let since_answer = now_ms.saturating_sub(shared.answered_ms.load(Ordering::Relaxed));
+        let on_tag = tag.map_or(0, |tag| {
+            let mut timing_out = shared.timing_out.lock().unwrap_or_else(|e| e.into_inner());
+            if !timed_out {
+                timing_out.remove(tag);
+                return 0;
             }
-            _ => shared.answered_ms.store(now_ms, Ordering::Relaxed),
+            if timing_out.len() >= MAX_TAGS_TIMING_OUT {
+                timing_out.clear();
+            }
+            now_ms.saturating_sub(*timing_out.entry(tag.to_vec()).or_insert(now_ms))
+        });
+        let silent = since_answer.max(on_tag);
+        if timed_out
+            && Duration::from_millis(silent) >= shared.stuck_after
+            && !shared.reopening.swap(true, Ordering::AcqRel)
+        {
+            tokio::spawn(self.clone().reopen(silent));
         }
     }
 
@@ -244,8 +262,44 @@ impl ClusterServer {
         let now_ms = u64::try_from(shared.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
         // The next attempt waits for another silence as long.
         shared.answered_ms.store(now_ms, Ordering::Relaxed);
+        shared
+            .timing_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         shared.reopening.store(false, Ordering::Release);
     }
+}
+
+/// Hash tags followed at most at once: past it, the timing-out ones are forgotten.
+const MAX_TAGS_TIMING_OUT: usize = 10_000;
+
+/// The hash tag of the first key `cmd` names (the whole key without one): keys of one tag live
+/// on one shard. `None` for a command without a key.
+fn first_tag(cmd: &Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()?;
+    let key = if [&b"EVALSHA"[..], b"EVAL", b"FCALL"]
+        .iter()
+        .any(|n| name.eq_ignore_ascii_case(n))
+    {
+        let _script = args.next()?;
+        let keys = args.next()?;
+        if keys == b"0" {
+            return None;
+        }
+        args.next()?
+    } else {
+        args.next()?
+    };
+    let tag = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+        Some(&key[open + 1..open + 1 + close]).filter(|tag| !tag.is_empty())
+    });
+    Some(tag.unwrap_or(key))
 }
 
 impl ConnectionLike for ClusterServer {
@@ -253,7 +307,7 @@ impl ConnectionLike for ClusterServer {
         let mut connection = self.connection();
         Box::pin(async move {
             let reply = connection.req_packed_command(cmd).await;
-            self.observe(&reply);
+            self.observe(first_tag(cmd), &reply);
             reply
         })
     }
@@ -269,7 +323,7 @@ impl ConnectionLike for ClusterServer {
             let replies = connection
                 .req_packed_commands(pipeline, offset, count)
                 .await;
-            self.observe(&replies);
+            self.observe(None, &replies);
             replies
         })
     }
@@ -407,6 +461,7 @@ impl RedisConn {
             client,
             current: RwLock::new(connection),
             answered_ms: AtomicU64::new(0),
+            timing_out: Mutex::new(HashMap::new()),
             origin: Instant::now(),
             reopening: AtomicBool::new(false),
             stuck_after: ClusterServer::stuck_after(timeout),
@@ -495,6 +550,28 @@ impl ConnectionLike for RedisConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commands_first_key_gives_its_hash_tag_or_itself() {
+        let script = redis::cmd("EVALSHA")
+            .arg("abc")
+            .arg(2)
+            .arg("ns:{alice}:day")
+            .arg("ns:{alice}:week")
+            .clone();
+        assert_eq!(first_tag(&script), Some(&b"alice"[..]));
+        let no_keys = redis::cmd("EVALSHA").arg("abc").arg(0).arg("x").clone();
+        assert_eq!(first_tag(&no_keys), None);
+        assert_eq!(
+            first_tag(&redis::cmd("GET").arg("plain").clone()),
+            Some(&b"plain"[..])
+        );
+        assert_eq!(
+            first_tag(&redis::cmd("GET").arg("a{}b").clone()),
+            Some(&b"a{}b"[..])
+        );
+        assert_eq!(first_tag(&redis::cmd("PING").clone()), None);
+    }
 
     #[test]
     fn redis_7_and_later_are_supported_and_older_servers_are_named_in_the_error() {
