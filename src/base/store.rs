@@ -193,8 +193,8 @@ struct ClusterShared {
 
 impl ClusterServer {
     /// The shortest silence after which a connection counts as stuck: two response timeouts,
-    /// and at least 2 s, so that calls in flight when a master dies (they time out) do not
-    /// count while the other shards answer.
+    /// and at least 2 s, so that a tag counts only when its calls keep timing out, not for the
+    /// one call in flight when a master dies.
     pub fn stuck_after(timeout: Duration) -> Duration {
         (timeout * 2).max(Duration::from_secs(2))
     }
@@ -210,9 +210,9 @@ impl ClusterServer {
         current.clone()
     }
 
-    /// Notes how a call ended: an answer of any kind shows the connection works; a timeout
-    /// after [`ClusterServer::stuck_after`] without one opens a new connection beside the
-    /// calls.
+    /// Notes how a call on `tag` ended: an answer of any kind shows the connection works for
+    /// it; a timeout after [`ClusterServer::stuck_after`] without an answer, on the tag or on
+    /// the whole cluster, opens a new connection beside the calls.
     fn observe<T>(&self, tag: Option<&[u8]>, reply: &RedisResult<T>) {
         let shared = &self.shared;
         let now_ms = u64::try_from(shared.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -250,7 +250,7 @@ impl ClusterServer {
                 *shared.current.write().unwrap_or_else(|e| e.into_inner()) = connection;
                 tracing::warn!(
                     silent_ms,
-                    "no Redis Cluster call was answered for a while; \
+                    "Redis Cluster calls kept timing out without an answer; \
                     opened a new cluster connection"
                 );
             }
@@ -274,32 +274,22 @@ impl ClusterServer {
 /// Hash tags followed at most at once: past it, the timing-out ones are forgotten.
 const MAX_TAGS_TIMING_OUT: usize = 10_000;
 
-/// The hash tag of the first key `cmd` names (the whole key without one): keys of one tag live
-/// on one shard. `None` for a command without a key.
+/// The first hash tag among `cmd`'s arguments: every key the worker names has one, and keys
+/// come before values in every command it sends, so it is the tag of the call's shard. `None`
+/// for a command without one.
 fn first_tag(cmd: &Cmd) -> Option<&[u8]> {
-    let mut args = cmd.args_iter().filter_map(|arg| match arg {
-        redis::Arg::Simple(bytes) => Some(bytes),
+    cmd.args_iter().find_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => hash_tag(bytes),
         _ => None,
-    });
-    let name = args.next()?;
-    let key = if [&b"EVALSHA"[..], b"EVAL", b"FCALL"]
-        .iter()
-        .any(|n| name.eq_ignore_ascii_case(n))
-    {
-        let _script = args.next()?;
-        let keys = args.next()?;
-        if keys == b"0" {
-            return None;
-        }
-        args.next()?
-    } else {
-        args.next()?
-    };
-    let tag = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let close = key[open + 1..].iter().position(|&b| b == b'}')?;
-        Some(&key[open + 1..open + 1 + close]).filter(|tag| !tag.is_empty())
-    });
-    Some(tag.unwrap_or(key))
+    })
+}
+
+/// The part of `key` between its first `{` and the next `}`, when not empty (Redis Cluster's
+/// rule for which part of a key picks its slot).
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+    Some(&key[open + 1..open + 1 + close]).filter(|tag| !tag.is_empty())
 }
 
 impl ConnectionLike for ClusterServer {
@@ -552,24 +542,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_commands_first_key_gives_its_hash_tag_or_itself() {
-        let script = redis::cmd("EVALSHA")
-            .arg("abc")
-            .arg(2)
-            .arg("ns:{alice}:day")
-            .arg("ns:{alice}:week")
-            .clone();
+    fn a_calls_shard_is_named_by_the_first_hash_tag_among_its_arguments() {
+        let keys = [
+            "abc",
+            "2",
+            "ns:{alice}:day",
+            "ns:{bob}:week",
+            "{\"json\": 1}",
+        ];
+        let script = keys.iter().fold(redis::cmd("SCRIPTED"), |mut c, a| {
+            c.arg(*a);
+            c
+        });
         assert_eq!(first_tag(&script), Some(&b"alice"[..]));
-        let no_keys = redis::cmd("EVALSHA").arg("abc").arg(0).arg("x").clone();
-        assert_eq!(first_tag(&no_keys), None);
-        assert_eq!(
-            first_tag(&redis::cmd("GET").arg("plain").clone()),
-            Some(&b"plain"[..])
-        );
-        assert_eq!(
-            first_tag(&redis::cmd("GET").arg("a{}b").clone()),
-            Some(&b"a{}b"[..])
-        );
+        assert_eq!(first_tag(&redis::cmd("GET").arg("a{}b{c}").clone()), None);
+        assert_eq!(first_tag(&redis::cmd("GET").arg("plain").clone()), None);
         assert_eq!(first_tag(&redis::cmd("PING").clone()), None);
     }
 
