@@ -184,6 +184,8 @@ struct ClusterShared {
     /// Per hash tag whose calls time out: when the first did since one was last answered (ms
     /// since `origin`). Emptied when the connection is opened anew.
     timing_out: Mutex<HashMap<Vec<u8>, u64>>,
+    /// Whether `timing_out` holds any tag: an answer, the common case, then takes no lock.
+    any_timing_out: AtomicBool,
     origin: Instant,
     /// Set while a new connection is being opened: one at a time.
     reopening: AtomicBool,
@@ -222,15 +224,20 @@ impl ClusterServer {
         }
         let since_answer = now_ms.saturating_sub(shared.answered_ms.load(Ordering::Relaxed));
         let on_tag = tag.map_or(0, |tag| {
+            if !timed_out && !shared.any_timing_out.load(Ordering::Relaxed) {
+                return 0;
+            }
             let mut timing_out = shared.timing_out.lock().unwrap_or_else(|e| e.into_inner());
             if !timed_out {
                 timing_out.remove(tag);
-                return 0;
-            }
-            if timing_out.len() >= MAX_TAGS_TIMING_OUT {
+            } else if timing_out.len() >= MAX_TAGS_TIMING_OUT {
                 timing_out.clear();
             }
-            now_ms.saturating_sub(*timing_out.entry(tag.to_vec()).or_insert(now_ms))
+            let first = timed_out.then(|| *timing_out.entry(tag.to_vec()).or_insert(now_ms));
+            shared
+                .any_timing_out
+                .store(!timing_out.is_empty(), Ordering::Relaxed);
+            first.map_or(0, |first| now_ms.saturating_sub(first))
         });
         let silent = since_answer.max(on_tag);
         if timed_out
@@ -267,6 +274,7 @@ impl ClusterServer {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        shared.any_timing_out.store(false, Ordering::Relaxed);
         shared.reopening.store(false, Ordering::Release);
     }
 }
@@ -452,6 +460,7 @@ impl RedisConn {
             current: RwLock::new(connection),
             answered_ms: AtomicU64::new(0),
             timing_out: Mutex::new(HashMap::new()),
+            any_timing_out: AtomicBool::new(false),
             origin: Instant::now(),
             reopening: AtomicBool::new(false),
             stuck_after: ClusterServer::stuck_after(timeout),
