@@ -84,3 +84,20 @@ pub async fn local_redis_pid(conn: &mut impl redis::aio::ConnectionLike) -> Opti
         .to_owned();
     cpu_ticks(&pid).map(|_| pid)
 }
+
+/// The Redis server's own CPU time so far (`used_cpu_user` + `used_cpu_sys` of `INFO cpu`),
+/// in microseconds: what a phase cost Redis, read before and after it, whatever the client's
+/// speed (benches/node/rlf.js reads the same for rate-limiter-flexible). Server-wide.
+pub async fn redis_cpu_us(conn: &mut impl redis::aio::ConnectionLike) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    ((field("used_cpu_user") + field("used_cpu_sys")) * 1e6) as u64
+}

@@ -27,6 +27,8 @@
 //     errors are counted and the exit status is 1 if there are any;
 //   * prints one line to stdout:
 //       rlf decisions=N concurrency=C seconds=... decisions_per_s=... auto_pipelining=0|1
+//           redis_cpu_us_per_decision=... decisions_per_redis_core_s=...
+//     (Redis's CPU from INFO cpu before and after: run it against a private Redis);
 //     with, when S > 1, slices=S slices_decisions_per_s=r1,r2,...: the rate of
 //     each of S equal consecutive slices of the N decisions (by completion
 //     order, each slice timed from the previous slice's last completion);
@@ -157,6 +159,18 @@ async function runConsumes(limiter, count, concurrency, keyOf, onDone) {
   return { rejected, errors, firstError };
 }
 
+// Redis's own CPU time so far (user + system), in microseconds, from INFO cpu: the
+// server-side cost of the consumes, whatever the client's speed, so that decisions per
+// Redis core can be set beside sendquota's (benches/decisions.rs prints the same figure).
+async function redisCpuUs(client) {
+  const info = await client.info('cpu');
+  const field = (name) => {
+    const m = info.match(new RegExp(`^${name}:([0-9.]+)`, 'm'));
+    return m ? Number(m[1]) : 0;
+  };
+  return Math.round((field('used_cpu_user') + field('used_cpu_sys')) * 1e6);
+}
+
 async function cleanup(client, prefix) {
   let cursor = '0';
   let deleted = 0;
@@ -219,6 +233,7 @@ async function main() {
     let done = 0;
     let nextSlice = 0;
 
+    const cpu0 = await redisCpuUs(client);
     const t0 = nowNs();
     progress = setInterval(() => {
       process.stderr.write(`rlf: ${done}/${N} (${secs(nowNs() - t0).toFixed(1)} s)\n`);
@@ -230,11 +245,14 @@ async function main() {
     const t1 = nowNs();
     clearInterval(progress);
     progress = null;
+    const redisUs = (await redisCpuUs(client)) - cpu0;
 
     const seconds = secs(t1 - t0);
     let line =
       `rlf decisions=${N} concurrency=${C} seconds=${seconds.toFixed(3)} ` +
-      `decisions_per_s=${(N / seconds).toFixed(0)} auto_pipelining=${opts.autoPipelining ? 1 : 0}`;
+      `decisions_per_s=${(N / seconds).toFixed(0)} auto_pipelining=${opts.autoPipelining ? 1 : 0} ` +
+      `redis_cpu_us_per_decision=${(redisUs / N).toFixed(2)} ` +
+      `decisions_per_redis_core_s=${(N / (redisUs / 1e6)).toFixed(0)}`;
     if (S > 1) {
       const rates = [];
       let prevNs = t0;

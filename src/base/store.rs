@@ -191,6 +191,7 @@ struct ClusterShared {
     reopening: AtomicBool,
     stuck_after: Duration,
     timeout: Duration,
+    wait: Option<ReplicaWait>,
 }
 
 impl ClusterServer {
@@ -347,6 +348,7 @@ pub struct SingleServer {
     manager: ConnectionManager,
     /// The response timeout: the longest any call waits, reconnecting included.
     timeout: Duration,
+    wait: Option<ReplicaWait>,
 }
 
 /// `call`, cut off once `limit` has passed with the error redis-rs's own timeouts give (a
@@ -433,6 +435,7 @@ impl RedisConn {
         Ok(RedisConn::Single(SingleServer {
             manager: ConnectionManager::new_with_config(client, config).await?,
             timeout,
+            wait: ReplicaWait::of(settings),
         }))
     }
 
@@ -465,10 +468,55 @@ impl RedisConn {
             reopening: AtomicBool::new(false),
             stuck_after: ClusterServer::stuck_after(timeout),
             timeout,
+            wait: ReplicaWait::of(settings),
         };
         Ok(RedisConn::Cluster(ClusterServer {
             shared: Arc::new(shared),
         }))
+    }
+}
+
+/// How many replicas a committing call waits for, and how long at most (`redis.wait_replicas`,
+/// `redis.wait_timeout_ms`). Redis replicates asynchronously: a master that acknowledged a
+/// quota write and died before a replica copied it loses the write at the failover, and the
+/// recipient could be sent one message more. `WAIT` on the connection that wrote, after the
+/// write, returns once that many replicas hold it (or the timeout passed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    /// Replicas to wait for.
+    pub replicas: u32,
+    /// Longest wait, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl ReplicaWait {
+    fn of(settings: &RedisSettings) -> Option<ReplicaWait> {
+        (settings.wait_replicas > 0).then_some(ReplicaWait {
+            replicas: settings.wait_replicas,
+            timeout_ms: settings.wait_timeout_ms,
+        })
+    }
+
+    /// Appends the wait to `pipe`, a committing call's commands: in one pipeline the `WAIT`
+    /// goes down the same connection, to the same node (on a cluster, the node of the
+    /// pipeline's keys), right after the write it is for.
+    pub fn append_to(self, pipe: &mut Pipeline) {
+        pipe.cmd("WAIT").arg(self.replicas).arg(self.timeout_ms);
+    }
+
+    /// Notes `WAIT`'s reply, the replicas that acknowledged: fewer than asked for is counted
+    /// and logged, and the decision stands (it is on the master; failing it now would make
+    /// the retry count the message twice).
+    pub fn check(self, acknowledged: i64) {
+        if acknowledged < i64::from(self.replicas) {
+            metrics::counter!(crate::base::telemetry::REDIS_UNREPLICATED).increment(1);
+            tracing::warn!(
+                acknowledged,
+                wanted = self.replicas,
+                timeout_ms = self.timeout_ms,
+                "a Redis write was not acknowledged by enough replicas in time; it stands"
+            );
+        }
     }
 }
 
@@ -516,6 +564,33 @@ async fn answers_plaintext(address: &str, limit: Duration) -> bool {
         Some(matches!(first[0], b'+' | b'-'))
     };
     matches!(tokio::time::timeout(limit, probe).await, Ok(Some(true)))
+}
+
+impl RedisConn {
+    /// The replicas committing calls wait for, if the settings ask for any.
+    pub fn replica_wait(&self) -> Option<ReplicaWait> {
+        match self {
+            RedisConn::Single(c) => c.wait,
+            RedisConn::Cluster(c) => c.shared.wait,
+        }
+    }
+
+    /// Sends `cmd`, a committing call, and with [`RedisConn::replica_wait`] waits for the
+    /// replicas after it, in one pipeline; the reply is `cmd`'s.
+    pub async fn query_committing<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        let Some(wait) = self.replica_wait() else {
+            return cmd.query_async(self).await;
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        wait.append_to(&mut pipe);
+        let (reply, acknowledged): (T, i64) = pipe.query_async(self).await?;
+        wait.check(acknowledged);
+        Ok(reply)
+    }
 }
 
 impl ConnectionLike for RedisConn {

@@ -52,6 +52,10 @@ pub const DELAYED: &str = "sendquota_delayed_messages_total";
 pub const UNCHECKED: &str = "sendquota_unchecked_dispatches_total";
 /// Counter: decisions answered from the deny cache, without Redis.
 pub const DENY_CACHE_HITS: &str = "sendquota_deny_cache_hits_total";
+/// Counter: committing Redis calls that fewer replicas than `redis.wait_replicas` acknowledged
+/// within `redis.wait_timeout_ms`. Each stands on the master, and a failover before a replica
+/// copies it would lose it: the alert that replication lags or a replica is gone.
+pub const REDIS_UNREPLICATED: &str = "sendquota_redis_unreplicated_total";
 /// Counter: ack frames sent to the broker, by `kind`: `multiple` (one frame settling a run of
 /// deliveries) or `single` (a delivery held too long behind an unfinished one). Fewer frames
 /// per message is less work for the worker and, on a quorum queue, for the broker's log.
@@ -115,6 +119,7 @@ pub const FAMILIES: &[Family] = &[
     Family::counter(DELAYED, "Messages parked in a delay queue."),
     Family::counter(UNCHECKED, "Messages dispatched unchecked while Redis was unavailable (rules with on_unavailable = allow)."),
     Family::counter(DENY_CACHE_HITS, "Decisions answered from the deny cache, without Redis."),
+    Family::counter(REDIS_UNREPLICATED, "Committing Redis calls fewer replicas than redis.wait_replicas acknowledged in time (with redis.wait_replicas set)."),
     Family::counter(ACK_FRAMES, "Ack frames sent to the broker, by kind (multiple, single)."),
     Family::counter(POLICY_RELOAD_FAILURES, "Rule reloads that did not apply (bad file, or no audit row); the running rules stayed."),
     Family::gauge(DELIVERIES_IN_FLIGHT, "Deliveries taken from the requests queue whose outcome is not settled yet."),
@@ -196,6 +201,7 @@ fn describe() {
         DELAYED,
         UNCHECKED,
         DENY_CACHE_HITS,
+        REDIS_UNREPLICATED,
         POLICY_RELOAD_FAILURES,
     ] {
         metrics::counter!(name).absolute(0);

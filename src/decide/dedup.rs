@@ -94,9 +94,18 @@ impl DispatchMarks {
         {
             pipe.zrembyscore(&key, "-inf", now_ms);
         }
-        pipe.pexpire(&key, self.ttl_ms)
-            .exec_async(&mut self.conn.clone())
-            .await
+        pipe.pexpire(&key, self.ttl_ms);
+        let Some(wait) = self.conn.replica_wait() else {
+            return pipe.exec_async(&mut self.conn.clone()).await;
+        };
+        wait.append_to(&mut pipe);
+        let replies: Vec<redis::Value> = pipe.query_async(&mut self.conn.clone()).await?;
+        let acknowledged = replies.last().and_then(|v| match v {
+            redis::Value::Int(n) => Some(*n),
+            _ => None,
+        });
+        wait.check(acknowledged.unwrap_or(0));
+        Ok(())
     }
     /// Writes the dispatch mark of a message the broker has confirmed. A failed write (Redis
     /// restarting, say) is retried here rather than by handling the message again: the quota

@@ -40,6 +40,7 @@ mod producer_context;
 mod producers;
 mod reasons;
 mod replay;
+mod replica_wait;
 mod resilience;
 mod retries;
 mod rule_reload;

@@ -19,7 +19,7 @@ use sendquota::internals::denials::{DenialFilter, DenialStore};
 use sendquota::internals::store::RedisConn;
 use sendquota::internals::telemetry;
 use support::fixtures::policy;
-use support::http::{http, wait_until_ready};
+use support::http::{metric, wait_until_ready};
 use support::private::{free_port, PrivateRedis, PrivateRedisCluster};
 use support::{local, request, TestEnv, OUTCOME_TIMEOUT};
 
@@ -52,16 +52,6 @@ async fn worker_on_private_redis(policy: &str) -> (TestEnv, PrivateRedis, u16) {
     env.start_worker(&ManualClock::new(local("UTC", "2026-04-01 09:00")));
     wait_until_ready(port).await;
     (env, redis, port)
-}
-
-/// The value of the series `series` (name and labels) in the worker's `/metrics`.
-async fn metric(port: u16, series: &str) -> u64 {
-    let metrics = http(port, "GET", "/metrics", None, "").await.body;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Publishes every id in `ids` twice (two copies in flight), `ids[i]` to recipient `r<i>`.

@@ -48,7 +48,7 @@ const MAX_WAIT_MS: u64 = 600_000;
 const MAX_LONG_WAIT_MS: u64 = 3_600_000;
 
 /// Every numeric setting with its valid range, stated beside it in deploy/config.example.toml.
-pub const NUMERIC_SETTINGS: [NumericSetting; 19] = [
+pub const NUMERIC_SETTINGS: [NumericSetting; 21] = [
     // Below 100 ms a loaded but healthy Redis times out.
     NumericSetting {
         section: "redis",
@@ -56,6 +56,23 @@ pub const NUMERIC_SETTINGS: [NumericSetting; 19] = [
         min: 100,
         max: MAX_WAIT_MS,
         value: |s| s.redis.response_timeout_ms,
+    },
+    // A master has a handful of replicas at most; 0 turns the wait off.
+    NumericSetting {
+        section: "redis",
+        key: "wait_replicas",
+        min: 0,
+        max: 16,
+        value: |s| u64::from(s.redis.wait_replicas),
+    },
+    // Each committing call waits this long at most, so it stays well below the response
+    // timeout that bounds the whole call.
+    NumericSetting {
+        section: "redis",
+        key: "wait_timeout_ms",
+        min: 1,
+        max: 10_000,
+        value: |s| s.redis.wait_timeout_ms,
     },
     // 0 would be "unlimited" in AMQP: refused, so the worker's memory stays bounded by it.
     NumericSetting {

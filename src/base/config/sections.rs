@@ -149,6 +149,13 @@ pub struct RedisSettings {
     pub cluster_urls: Vec<String>,
     /// Longest wait for one Redis reply, in milliseconds.
     pub response_timeout_ms: u64,
+    /// Replicas every committing call waits for (Redis `WAIT`), 0 for none: Redis replicates
+    /// asynchronously, so a quota write a master acknowledged and died before copying is lost
+    /// at a failover; waiting for a replica narrows that to a replica lost with it.
+    pub wait_replicas: u32,
+    /// Longest wait for those replicas after a call, in milliseconds; past it the decision
+    /// stands unreplicated (counted in `sendquota_redis_unreplicated_total`).
+    pub wait_timeout_ms: u64,
     /// Certificate files for `rediss://` URLs.
     pub tls: TlsFiles,
 }
@@ -252,6 +259,8 @@ impl Default for RedisSettings {
             url: DEFAULT_REDIS_URL.to_owned(),
             cluster_urls: Vec::new(),
             response_timeout_ms: 5_000,
+            wait_replicas: 0,
+            wait_timeout_ms: 100,
             tls: TlsFiles::default(),
         }
     }

@@ -70,7 +70,7 @@ impl ScopeCall<'_> {
         if let Some(claim) = claim {
             cmd.arg(claim.token()).arg(claim.lease_ms());
         }
-        script::call(self.script, &cmd, conn).await
+        script::call(self.script, &cmd, mode, conn).await
     }
 }
 

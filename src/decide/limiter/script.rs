@@ -205,17 +205,32 @@ pub fn evalsha(script: &redis::Script, keys: usize, args: usize, bytes: usize) -
 /// Sends `cmd`, an [`evalsha`] of `script`. On NOSCRIPT (a restarted or failed-over Redis
 /// forgot the script) it loads `script` and sends `cmd` again, as
 /// `redis::ScriptInvocation::invoke_async` does; on a cluster the load reaches every master.
+/// A call in a `mode` that writes waits for the replicas `redis.wait_replicas` asks for
+/// ([`crate::base::store::RedisConn::query_committing`]).
 pub async fn call<T: FromRedisValue>(
     script: &redis::Script,
     cmd: &redis::Cmd,
+    mode: Mode,
     conn: &mut crate::base::store::RedisConn,
 ) -> redis::RedisResult<T> {
-    match cmd.query_async(conn).await {
+    match send(cmd, mode, conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             script.load_async(conn).await?;
-            cmd.query_async(conn).await
+            send(cmd, mode, conn).await
         }
         reply => reply,
+    }
+}
+
+async fn send<T: FromRedisValue>(
+    cmd: &redis::Cmd,
+    mode: Mode,
+    conn: &mut crate::base::store::RedisConn,
+) -> redis::RedisResult<T> {
+    if mode == Mode::Check {
+        cmd.query_async(conn).await
+    } else {
+        conn.query_committing(cmd).await
     }
 }
 

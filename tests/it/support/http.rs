@@ -313,3 +313,19 @@ pub fn text_of(html: &str, id: &str) -> Option<String> {
     let len = html[start..].find('<')?;
     Some(unescape(&html[start..start + len]))
 }
+
+/// The value of the series `series` (name and labels, exactly as exported) in the worker's
+/// `/metrics` on `port`; 0 when it is not exported.
+pub async fn metric(port: u16, series: &str) -> u64 {
+    let metrics = http(port, "GET", "/metrics", None, "").await.body;
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}

@@ -69,6 +69,40 @@ impl PrivateRedis {
         PrivateRedis::start_with(Vec::new())
     }
 
+    /// A server replicating `master`, returned once its link to the master is up and it holds
+    /// the master's data.
+    pub fn start_replica_of(master: &PrivateRedis) -> PrivateRedis {
+        let replica = PrivateRedis::start_with(vec![
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            master.port.to_string(),
+            "--repl-diskless-sync-delay".to_owned(),
+            "0".to_owned(),
+        ]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .info("replication")
+            .contains("master_link_status:up")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "replica on {} did not link to its master",
+                replica.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
+    }
+
+    /// `INFO <section>` as text.
+    pub fn info(&self, section: &str) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "info", section])
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn start_with(extra: Vec<String>) -> PrivateRedis {
         let redis = PrivateRedis {
             port: free_port(),
@@ -148,11 +182,7 @@ impl PrivateRedis {
 
     /// Kills the server with SIGKILL: a machine lost, nothing written on the way out.
     pub fn kill(&self) {
-        let info = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string(), "info", "server"])
-            .output()
-            .expect("redis-cli");
-        let text = String::from_utf8_lossy(&info.stdout);
+        let text = self.info("server");
         let pid = text
             .lines()
             .find_map(|l| l.strip_prefix("process_id:"))
