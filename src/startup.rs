@@ -30,7 +30,7 @@ use crate::intake::worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::console::Console;
 use crate::ops::service::Ops;
-use crate::record::denials::{DenialError, DenialStore, DenialWriter};
+use crate::record::denials::{DenialError, DenialStore, DenialWriter, Reads};
 use crate::record::rollup::{DecisionCounts, RollupWriter};
 use crate::rules::reload::{self, LiveRules, Reloader, Rules};
 
@@ -62,6 +62,9 @@ pub enum StartupError {
     /// Postgres could not be reached at start-up.
     #[error(transparent)]
     Denials(#[from] DenialError),
+    /// The read replica's URL (`database.read_url`) could not be used.
+    #[error(transparent)]
+    Reads(#[from] crate::record::denials::ReadError),
     /// RabbitMQ could not be reached at start-up.
     #[error("{0}")]
     Broker(String),
@@ -102,6 +105,7 @@ pub async fn run(
             reloader,
             limiter: limiter.clone(),
             denials: denials.clone(),
+            reads: Reads::beside(&denials, &settings.database)?,
             clock: clock.clone(),
             health: health.clone(),
             tokens: Arc::new(settings.admin.tokens.clone()),
