@@ -220,7 +220,11 @@ async fn with_the_replica_down_reads_fail_naming_read_url_and_the_worker_goes_on
     assert!(api.body.contains("database.read_url"), "{}", api.body);
     // The worker decides and records on the primary meanwhile.
     r.env.publish_allowed_denied_invalid().await;
-    assert_eq!(r.env.denial_count("denied").await, 1, "recorded on the primary");
+    assert_eq!(
+        r.env.denial_count("denied").await,
+        1,
+        "recorded on the primary"
+    );
     r.env.stop_worker().await;
 }
 
