@@ -92,7 +92,6 @@ pub async fn run(
     start_metrics();
     let redis = connect_redis(settings).await?;
     let denials = DenialStore::connect(&settings.database).await?;
-    let held = Held::new(denials.pool().clone());
     report_skew(&redis, clock.as_ref()).await;
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
@@ -115,7 +114,7 @@ pub async fn run(
     let names = Names::new(&settings.namespace);
     let traces = start_traces(settings, &names)?;
     let rollup = Rollup::start(&denials, &clock);
-    let steps = steps(settings, redis, denials, held, names, failpoint, &rules);
+    let steps = steps(settings, redis, denials, names, failpoint, &rules);
     let digests = digests(settings, &steps, &limiter, &rules, &clock);
     let pipeline = Arc::new(Pipeline {
         rules,
@@ -225,12 +224,12 @@ fn steps(
     settings: &Settings,
     redis: RedisConn,
     denials: DenialStore,
-    held: Held,
     names: Names,
     failpoint: Option<Failpoint>,
     rules: &LiveRules,
 ) -> Arc<Steps> {
     let current = rules.current();
+    let held = Held::new(denials.pool().clone());
     Arc::new(Steps {
         marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials: DenialWriter::spawn(
