@@ -52,6 +52,15 @@ impl Replicated {
         Replicated { env, pg, port }
     }
 
+    /// [`Replicated::start`], then message `denied` denied and its row on the replica.
+    async fn with_a_denial() -> Replicated {
+        let r = Replicated::start().await;
+        r.env.publish_allowed_denied_invalid().await;
+        r.until_printed(&["denials", "--format", "json"], DENIED_JSON)
+            .await;
+        r
+    }
+
     /// `sendquota <args>` as an operator runs it with `read_url` set: this environment's
     /// services, the private primary and the replica.
     fn cli(&self, args: &[&str]) -> Command {
@@ -128,10 +137,7 @@ const DENIED_JSON: &str = "\"message_id\":\"denied\"";
 
 #[tokio::test]
 async fn operator_reads_come_from_the_replica_and_go_on_while_the_primary_is_down() {
-    let mut r = Replicated::start().await;
-    r.env.publish_allowed_denied_invalid().await;
-    r.until_printed(&["denials", "--format", "json"], DENIED_JSON)
-        .await;
+    let mut r = Replicated::with_a_denial().await;
     r.api_lists("denied").await;
     let (status, page) = r.console_denials().await;
     assert_eq!(status, 200, "{page}");
@@ -171,10 +177,7 @@ async fn operator_reads_come_from_the_replica_and_go_on_while_the_primary_is_dow
 
 #[tokio::test]
 async fn writes_go_to_the_primary_when_reads_go_to_the_replica() {
-    let mut r = Replicated::start().await;
-    r.env.publish_allowed_denied_invalid().await;
-    r.until_printed(&["denials", "--format", "json"], DENIED_JSON)
-        .await;
+    let mut r = Replicated::with_a_denial().await;
     // A replay claims (SELECT ... FOR UPDATE) and marks its rows: on the replica, a read-only
     // transaction, both would fail.
     let replayed = r.run(&["replay"]).await;
