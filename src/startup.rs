@@ -30,7 +30,7 @@ use crate::intake::worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::console::Console;
 use crate::ops::service::Ops;
-use crate::record::denials::{DenialError, DenialStore, DenialWriter};
+use crate::record::denials::{DenialError, DenialStore, DenialWriter, Reads};
 use crate::record::rollup::{DecisionCounts, RollupWriter};
 use crate::rules::reload::{self, LiveRules, Reloader, Rules};
 
@@ -62,6 +62,9 @@ pub enum StartupError {
     /// Postgres could not be reached at start-up.
     #[error(transparent)]
     Denials(#[from] DenialError),
+    /// The read replica's URL (`database.read_url`) could not be used.
+    #[error(transparent)]
+    Reads(#[from] crate::record::denials::ReadError),
     /// RabbitMQ could not be reached at start-up.
     #[error("{0}")]
     Broker(String),
@@ -89,7 +92,6 @@ pub async fn run(
     start_metrics();
     let redis = connect_redis(settings).await?;
     let denials = DenialStore::connect(&settings.database).await?;
-    let held = Held::new(denials.pool().clone());
     report_skew(&redis, clock.as_ref()).await;
     let health = Arc::new(Health::default());
     let (stop_tx, stop) = watch::channel(false);
@@ -102,6 +104,7 @@ pub async fn run(
             reloader,
             limiter: limiter.clone(),
             denials: denials.clone(),
+            reads: Reads::beside(&denials, &settings.database)?,
             clock: clock.clone(),
             health: health.clone(),
             tokens: Arc::new(settings.admin.tokens.clone()),
@@ -111,7 +114,7 @@ pub async fn run(
     let names = Names::new(&settings.namespace);
     let traces = start_traces(settings, &names)?;
     let rollup = Rollup::start(&denials, &clock);
-    let steps = steps(settings, redis, denials, held, names, failpoint, &rules);
+    let steps = steps(settings, redis, denials, names, failpoint, &rules);
     let digests = digests(settings, &steps, &limiter, &rules, &clock);
     let pipeline = Arc::new(Pipeline {
         rules,
@@ -221,12 +224,12 @@ fn steps(
     settings: &Settings,
     redis: RedisConn,
     denials: DenialStore,
-    held: Held,
     names: Names,
     failpoint: Option<Failpoint>,
     rules: &LiveRules,
 ) -> Arc<Steps> {
     let current = rules.current();
+    let held = Held::new(denials.pool().clone());
     Arc::new(Steps {
         marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
         denials: DenialWriter::spawn(

@@ -8,11 +8,13 @@ use std::io::Write;
 use chrono::{DateTime, Utc};
 use clap::ValueEnum;
 
-use super::{connect_store, open_publisher, parse_since, rfc3339, service, CliError};
+use super::{
+    connect_reads, connect_store, open_publisher, parse_since, rfc3339, service, CliError,
+};
 use crate::base::clock::Clock;
 use crate::base::config::Settings;
 use crate::intake::broker::Names;
-use crate::record::denials::{columns, Denial, DenialFilter, DenialStore};
+use crate::record::denials::{columns, Denial, DenialFilter, Reads};
 
 /// Filters shared by `denials` and `replay`.
 #[derive(Debug, clap::Args)]
@@ -134,8 +136,8 @@ pub(super) async fn denials(
         limit: args.limit,
         ..args.filter.filter(clock.now())?
     };
-    let store = connect_store(settings).await?;
-    let rows = store
+    let reads = connect_reads(settings).await?;
+    let rows = reads
         .list(&filter)
         .await
         .map_err(|e| service("postgres")(&e))?;
@@ -185,10 +187,10 @@ pub(super) async fn replay(
         rate,
         batch: args.batch,
     };
-    let store = connect_store(settings).await?;
     if args.dry_run {
-        return dry_run(&store, &options, now).await;
+        return dry_run(&connect_reads(settings).await?, &options, now).await;
     }
+    let store = connect_store(settings).await?;
     let names = Names::new(&settings.namespace);
     let (connection, publisher) = open_publisher(settings, &names, "sendquota-replay").await?;
     let bar = progress_bar(args.limit);
@@ -216,7 +218,7 @@ pub(super) async fn replay(
 /// `replay --dry-run`: the denials a replay at `now` would publish, as a table, and how many
 /// it would skip for their deadline; nothing is claimed or published.
 async fn dry_run(
-    store: &DenialStore,
+    store: &Reads,
     options: &crate::ops::replay::ReplayOptions,
     now: DateTime<Utc>,
 ) -> Result<(), CliError> {

@@ -24,7 +24,7 @@ use crate::base::store::RedisConn;
 use crate::decide::limiter::Limiter;
 use crate::intake::broker::Names;
 use crate::intake::publisher::{self, Publisher};
-use crate::record::denials::DenialStore;
+use crate::record::denials::{DenialStore, Reads};
 use crate::request::message::SendRequest;
 use crate::startup;
 
@@ -332,10 +332,10 @@ async fn rules_history(
     if limit < 1 {
         return Err(CliError::Input("--limit must be at least 1".to_owned()));
     }
-    let store = connect_store(settings).await?;
-    let changes = crate::rules::reload::history(&store, limit)
+    let reads = connect_reads(settings).await?;
+    let changes = crate::rules::reload::history(reads.pool(), limit)
         .await
-        .map_err(|e| service("postgres")(&e))?;
+        .map_err(|e| service("postgres")(&reads.failed(e)))?;
     let mut out = std::io::stdout().lock();
     let written = changes.iter().try_for_each(|c| match format {
         HistoryFormat::Json => {
@@ -445,12 +445,19 @@ async fn connect_store(settings: &Settings) -> Result<DenialStore, CliError> {
         .map_err(|e| service("postgres")(&e))
 }
 
+/// Where the command's reads go: `database.read_url` when set, else `database.url`.
+async fn connect_reads(settings: &Settings) -> Result<Reads, CliError> {
+    Reads::connect(&settings.database)
+        .await
+        .map_err(|e| service("postgres")(&e))
+}
+
 /// `digests`: the groups of held messages, one JSON line each.
 async fn digests(settings: &Settings, recipient: Option<&str>) -> Result<(), CliError> {
-    let store = connect_store(settings).await?;
-    let groups = crate::act::held::held_groups(store.pool(), recipient)
+    let reads = connect_reads(settings).await?;
+    let groups = crate::act::held::held_groups(reads.pool(), recipient)
         .await
-        .map_err(|e| service("postgres")(&e))?;
+        .map_err(|e| service("postgres")(&reads.failed(e)))?;
     let mut out = std::io::stdout().lock();
     for group in &groups {
         let line = serde_json::to_string(group).map_err(|e| CliError::Service(e.to_string()))?;

@@ -222,7 +222,7 @@ async fn denials(
         Err(refused) => return error(StatusCode::BAD_REQUEST, refused),
     };
     let limit = filter.limit;
-    match state.denials.list(&filter).await {
+    match state.reads.list(&filter).await {
         Ok(rows) => {
             let next_after = next_after(&rows, limit);
             // A struct, not json!(): that would parse every stored request into a Value.

@@ -16,7 +16,7 @@ use crate::decide::deadline::Receipt;
 use crate::decide::decision;
 use crate::decide::limiter::{Limiter, LimiterError};
 use crate::decide::outcome::Verdict;
-use crate::record::denials::{DenialFilter, DenialStore};
+use crate::record::denials::{DenialFilter, DenialStore, Reads};
 use crate::request::message::SendRequest;
 use crate::rules::policy::Policy;
 use crate::rules::reload::Reloader;
@@ -30,8 +30,12 @@ pub struct Ops {
     pub reloader: Arc<Reloader>,
     /// Quota state.
     pub limiter: Limiter,
-    /// The denial history and audit.
+    /// The denial history and audit, on the primary: what operators write (resets, replays
+    /// of quarantined messages) and readiness.
     pub denials: DenialStore,
+    /// Where operators' reads go (the read replica of `database.read_url`, or the primary):
+    /// the denial listings, the console's counts.
+    pub reads: Reads,
     /// The worker's clock.
     pub clock: Arc<dyn Clock>,
     /// The consumer's state.

@@ -446,13 +446,13 @@ async fn record(
 }
 
 /// The latest `limit` applied changes, newest first (`sendquota rules history`).
-pub async fn history(store: &DenialStore, limit: i64) -> Result<Vec<PolicyChange>, sqlx::Error> {
+pub async fn history(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<PolicyChange>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, changed_at, source, old_hash, new_hash, diff FROM policy_changes \
          ORDER BY id DESC LIMIT $1",
     )
     .bind(limit)
-    .fetch_all(store.pool())
+    .fetch_all(pool)
     .await
 }
 

@@ -23,7 +23,22 @@ fn deploy(path: &str) -> PathBuf {
 
 fn yaml(path: &str) -> Value {
     let text = std::fs::read_to_string(deploy(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path} is not YAML: {e}"))
+    let mut value: Value =
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path} is not YAML: {e}"));
+    // Compose's `<<: *anchor`, merged as compose merges it.
+    value
+        .apply_merge()
+        .unwrap_or_else(|e| panic!("{path}: merge keys: {e}"));
+    value
+}
+
+/// The configmap's config.toml.
+fn configmap_toml() -> String {
+    let map = yaml("kubernetes/configmap.yaml");
+    map["data"]["config.toml"]
+        .as_str()
+        .expect("config.toml")
+        .to_owned()
 }
 
 /// A systemd unit as section -> key -> values (keys may repeat).
@@ -79,8 +94,9 @@ fn every_yaml_file_under_deploy_parses() {
         }
     }
     assert_eq!(
-        found, 7,
-        "compose file, four Kubernetes manifests, the alert rules and their unit tests"
+        found, 9,
+        "two compose files (one clustered), five Kubernetes manifests, the alert rules and \
+         their unit tests"
     );
 }
 
@@ -88,8 +104,7 @@ fn every_yaml_file_under_deploy_parses() {
 fn the_configmap_holds_a_valid_config_with_the_admin_api_on_the_probed_port() {
     let map = yaml("kubernetes/configmap.yaml");
     assert_eq!(map["kind"], "ConfigMap");
-    let toml = map["data"]["config.toml"].as_str().expect("config.toml");
-    let settings = Settings::from_toml(toml, |_| None).expect("the config is valid");
+    let settings = Settings::from_toml(&configmap_toml(), |_| None).expect("the config is valid");
     assert_eq!(settings.admin.listen, "0.0.0.0:9090");
     assert_eq!(settings.policy.rules[0].name, "headline");
 }
@@ -134,13 +149,20 @@ fn the_secret_carries_every_connection_url_and_the_admin_token() {
     let s = yaml("kubernetes/secret.yaml");
     assert_eq!(s["kind"], "Secret");
     for key in [
-        "SENDQUOTA_REDIS_URL",
-        "SENDQUOTA_AMQP_URL",
+        "SENDQUOTA_AMQP_URLS",
         "SENDQUOTA_DATABASE_URL",
+        "SENDQUOTA_DATABASE_READ_URL",
         "SENDQUOTA_ADMIN_TOKEN",
     ] {
         assert!(s["stringData"][key].is_string(), "{key}");
     }
+    // SENDQUOTA_REDIS_URL would replace the configmap's cluster seeds.
+    assert!(s["stringData"]["SENDQUOTA_REDIS_URL"].is_null());
+    let env = string_map(&s["stringData"]);
+    let settings = Settings::from_toml(&configmap_toml(), |k| env.get(k).cloned())
+        .expect("the configmap's file with the secret's variables is valid");
+    assert_eq!(settings.redis.cluster_urls.len(), 3);
+    assert_ne!(settings.database.read_url, settings.database.url);
 }
 
 #[test]
@@ -196,6 +218,222 @@ fn the_systemd_units_run_the_worker_and_a_timed_replay() {
     let timer = unit("systemd/sendquota-replay.timer");
     assert_eq!(timer["Timer"]["Unit"], ["sendquota-replay.service"]);
     assert_eq!(timer["Timer"]["OnCalendar"], ["*:0/15"]);
+}
+
+/// A YAML mapping of strings (an `environment:` or a Secret's `stringData`) as a map.
+fn string_map(value: &Value) -> HashMap<String, String> {
+    value
+        .as_mapping()
+        .expect("a mapping")
+        .iter()
+        .map(|(k, v)| {
+            let k = k.as_str().expect("a string key").to_owned();
+            let v = v
+                .as_str()
+                .unwrap_or_else(|| panic!("{k}: a string value"))
+                .to_owned();
+            (k, v)
+        })
+        .collect()
+}
+
+/// Variables deploy files set that another branch adds to the worker (r-amqp: `amqp.urls`);
+/// once it is merged they are read, and this list is to be emptied.
+const AWAITING_MERGE: [&str; 1] = ["SENDQUOTA_AMQP_URLS"];
+
+/// Whether the worker reads `var`: its settings with `var = value` differ from the defaults,
+/// or the command line takes it (`SENDQUOTA_CONFIG`). A value the settings refuse fails.
+fn read_by_the_worker(var: &str, value: &str) -> bool {
+    use clap::CommandFactory;
+    let by_cli = sendquota::cli::Cli::command()
+        .get_arguments()
+        .any(|a| a.get_env() == Some(std::ffi::OsStr::new(var)));
+    let defaults = Settings::from_toml("", |_| None).expect("defaults");
+    let set = Settings::from_toml("", |k| (k == var).then(|| value.to_owned()))
+        .unwrap_or_else(|e| panic!("{var}={value} is refused: {e}"));
+    by_cli || format!("{set:?}") != format!("{defaults:?}")
+}
+
+/// Every `SENDQUOTA_*` variable of `env` is one the worker reads.
+fn assert_read_by_the_worker(file: &str, env: &HashMap<String, String>) {
+    assert!(!env.is_empty(), "{file}");
+    for (var, value) in env {
+        assert!(var.starts_with("SENDQUOTA_"), "{file}: {var}");
+        assert!(
+            read_by_the_worker(var, value) || AWAITING_MERGE.contains(&var.as_str()),
+            "{file}: the worker does not read {var}"
+        );
+    }
+}
+
+#[test]
+fn a_variable_the_worker_does_not_read_is_found() {
+    assert!(!read_by_the_worker(
+        "SENDQUOTA_DATABASE_READ_ULR",
+        "postgres://h/db"
+    ));
+    assert!(read_by_the_worker(
+        "SENDQUOTA_DATABASE_READ_URL",
+        "postgres://h/db"
+    ));
+    assert!(read_by_the_worker(
+        "SENDQUOTA_CONFIG",
+        "/etc/sendquota/config.toml"
+    ));
+}
+
+#[test]
+fn every_variable_the_deploy_files_set_is_one_the_worker_reads() {
+    let secret = yaml("kubernetes/secret.yaml");
+    assert_read_by_the_worker("kubernetes/secret.yaml", &string_map(&secret["stringData"]));
+    for file in ["docker-compose.yml", "cluster/docker-compose.yml"] {
+        let compose = yaml(file);
+        for (name, service) in compose["services"].as_mapping().expect("services") {
+            let env = &service["environment"];
+            let command = command_text(&service["command"]);
+            if command.contains("sendquota") {
+                assert_read_by_the_worker(&format!("{file} {name:?}"), &string_map(env));
+            }
+        }
+    }
+}
+
+/// A compose `command` (a list of words, or one string) as one line, words a space apart.
+fn command_text(command: &Value) -> String {
+    match command.as_sequence() {
+        Some(words) => words
+            .iter()
+            .map(|w| w.as_str().expect("a word"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => command.as_str().unwrap_or_default().to_owned(),
+    }
+}
+
+/// The hosts of a comma-separated list of URLs (`scheme://[user@]host:port/...`).
+fn hosts(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(|u| {
+            let rest = u.trim().split_once("://").expect("a URL").1;
+            let authority = rest.split('/').next().unwrap_or(rest);
+            let host_port = authority.rsplit('@').next().unwrap_or(authority);
+            host_port.split(':').next().unwrap_or(host_port).to_owned()
+        })
+        .collect()
+}
+
+/// The clustered compose file's services whose command runs `sendquota worker`, with their
+/// environment.
+fn cluster_workers(compose: &Value) -> Vec<HashMap<String, String>> {
+    compose["services"]
+        .as_mapping()
+        .expect("services")
+        .values()
+        .filter(|s| s["command"] == Value::from(vec!["sendquota", "worker"]))
+        .map(|s| string_map(&s["environment"]))
+        .collect()
+}
+
+#[test]
+fn the_clustered_compose_file_runs_three_broker_nodes_a_redis_cluster_a_replica_and_two_workers() {
+    let compose = yaml("cluster/docker-compose.yml");
+    let services = &compose["services"];
+    let rabbit = ["rabbitmq-1", "rabbitmq-2", "rabbitmq-3"];
+    let cookies: BTreeSet<&str> = rabbit
+        .iter()
+        .map(|n| {
+            assert_eq!(services[n]["hostname"], Value::from(*n));
+            services[n]["environment"]["RABBITMQ_ERLANG_COOKIE"]
+                .as_str()
+                .expect("a cookie")
+        })
+        .collect();
+    assert_eq!(cookies.len(), 1, "one Erlang cookie: {cookies:?}");
+    let conf = std::fs::read_to_string(deploy("cluster/rabbitmq.conf")).expect("rabbitmq.conf");
+    for (i, n) in rabbit.iter().enumerate() {
+        let line = format!(
+            "cluster_formation.classic_config.nodes.{} = rabbit@{n}",
+            i + 1
+        );
+        assert!(conf.lines().any(|l| l == line), "{line}");
+    }
+    assert!(conf.lines().any(|l| l == "default_queue_type = quorum"));
+    let plugins = std::fs::read_to_string(deploy("cluster/enabled_plugins")).expect("plugins");
+    assert!(
+        plugins.contains("rabbitmq_consistent_hash_exchange"),
+        "{plugins}"
+    );
+
+    for n in 1..=6 {
+        let command = command_text(&services[format!("redis-{n}").as_str()]["command"]);
+        assert!(
+            command.contains(" --cluster-enabled yes "),
+            "redis-{n}: {command}"
+        );
+    }
+    let create = command_text(&services["redis-cluster-create"]["command"]);
+    for part in [
+        "redis-cli --cluster create",
+        "for n in 1 2 3 4 5 6",
+        "--cluster-replicas 1",
+    ] {
+        assert!(create.contains(part), "{part}: {create}");
+    }
+    let replica = command_text(&services["postgres-replica"]["command"]);
+    for part in [
+        "pg_basebackup -h postgres-primary",
+        " -R ",
+        "-X stream",
+        "-S replica1",
+    ] {
+        assert!(replica.contains(part), "{part}: {replica}");
+    }
+
+    let workers = cluster_workers(&compose);
+    assert!(workers.len() >= 2, "{} workers", workers.len());
+    let config = std::fs::read_to_string(deploy("cluster/config.toml")).expect("config.toml");
+    for env in &workers {
+        assert_eq!(hosts(&env["SENDQUOTA_AMQP_URLS"]), rabbit);
+        let seeds = hosts(&env["SENDQUOTA_REDIS_CLUSTER_URLS"]);
+        assert!(seeds.len() >= 3, "{seeds:?}");
+        assert!(
+            seeds.iter().all(|s| services[s.as_str()].is_mapping()),
+            "{seeds:?}"
+        );
+        assert_eq!(hosts(&env["SENDQUOTA_DATABASE_URL"]), ["postgres-primary"]);
+        assert_eq!(
+            hosts(&env["SENDQUOTA_DATABASE_READ_URL"]),
+            ["postgres-replica"]
+        );
+        let settings = Settings::from_toml(&config, |k| env.get(k).cloned())
+            .expect("the workers' file with their variables is valid");
+        assert_eq!(settings.redis.cluster_urls.len(), seeds.len());
+        assert_eq!(settings.admin.listen, "0.0.0.0:9090");
+    }
+}
+
+#[test]
+fn the_workers_run_several_replicas_spread_over_nodes_under_a_disruption_budget() {
+    let d = yaml("kubernetes/worker-deployment.yaml");
+    let replicas = d["spec"]["replicas"].as_u64().expect("replicas");
+    assert!(replicas >= 2, "{replicas}");
+    let labels = &d["spec"]["template"]["metadata"]["labels"];
+    let spread = &d["spec"]["template"]["spec"]["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(&spread["labelSelector"]["matchLabels"], labels);
+    let pdb = yaml("kubernetes/worker-pdb.yaml");
+    assert_eq!(
+        (pdb["apiVersion"].as_str(), pdb["kind"].as_str()),
+        (Some("policy/v1"), Some("PodDisruptionBudget"))
+    );
+    assert_eq!(&pdb["spec"]["selector"]["matchLabels"], labels);
+    let unavailable = pdb["spec"]["maxUnavailable"]
+        .as_u64()
+        .expect("maxUnavailable");
+    assert!(
+        (1..replicas).contains(&unavailable),
+        "{unavailable} of {replicas}"
+    );
 }
 
 /// Metrics the dashboard and the alert rules may use that the worker does not export, and

@@ -75,7 +75,11 @@ pub(super) fn check_urls(
             "amqp url is not valid: expected amqp[s]://user:password@host:port/vhost".to_owned(),
         ));
     }
-    check_database_url(&database.url)
+    check_database_url("database url", &database.url)?;
+    if database.read_url.is_empty() {
+        return Ok(());
+    }
+    check_database_url("database read_url", &database.read_url)
 }
 
 /// The `sslmode` values Postgres clients (and sqlx) know.
@@ -90,7 +94,7 @@ const SSL_MODES: [&str; 6] = [
 
 /// A Postgres URL sqlx can connect with. An unknown `sslmode` is named (the value is no
 /// secret); other parser messages are not repeated, as they can quote the URL.
-fn check_database_url(url: &str) -> Result<(), ConfigError> {
+fn check_database_url(setting: &str, url: &str) -> Result<(), ConfigError> {
     let query = url.split_once('?').map_or("", |(_, q)| q);
     let ssl_mode = query.split('&').find_map(|pair| {
         let (key, value) = pair.split_once('=')?;
@@ -98,17 +102,16 @@ fn check_database_url(url: &str) -> Result<(), ConfigError> {
     });
     if let Some(mode) = ssl_mode.filter(|m| !SSL_MODES.contains(&m.to_ascii_lowercase().as_str())) {
         return Err(ConfigError::Invalid(format!(
-            "database url: sslmode \"{}\" is not one of {}",
+            "{setting}: sslmode \"{}\" is not one of {}",
             one_line(mode),
             SSL_MODES.join(", ")
         )));
     }
     let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
     if !postgres || url.parse::<sqlx::postgres::PgConnectOptions>().is_err() {
-        return Err(ConfigError::Invalid(
-            "database url is not valid: expected postgres://user[:password]@host:port/database"
-                .to_owned(),
-        ));
+        return Err(ConfigError::Invalid(format!(
+            "{setting} is not valid: expected postgres://user[:password]@host:port/database"
+        )));
     }
     Ok(())
 }

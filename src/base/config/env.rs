@@ -30,6 +30,9 @@ pub(super) fn apply_env(file: &mut File, env: &impl Fn(&str) -> Option<String>) 
     if let Some(url) = env("SENDQUOTA_DATABASE_URL") {
         file.database.url = url;
     }
+    if let Some(url) = env("SENDQUOTA_DATABASE_READ_URL") {
+        file.database.read_url = url;
+    }
     for (service, files) in [
         ("REDIS", &mut file.redis.tls),
         ("AMQP", &mut file.amqp.tls),

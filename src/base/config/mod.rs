@@ -207,6 +207,7 @@ impl Settings {
         amqp.url = redact_url(&amqp.url);
         let mut database = self.database.clone();
         database.url = redact_url(&database.url);
+        database.read_url = redact_url(&database.read_url);
         let effective = Effective {
             namespace: &self.namespace,
             default_timezone: self.policy.default_zone.name(),

@@ -189,9 +189,14 @@ pub enum QueueType {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseSettings {
-    /// The database URL.
+    /// The database URL: the primary, which every write goes to.
     pub url: String,
-    /// Size of the connection pool.
+    /// A read-only database URL (a streaming replica) that operator reads use: `denials`,
+    /// the admin API's listing, the console, `rules history`, `digests`, `replay --dry-run`.
+    /// Empty: they read `url`. Lets operators query history without loading the primary the
+    /// workers write to; a read that feeds a write (replay's claim) still reads the primary.
+    pub read_url: String,
+    /// Size of the connection pool (the read pool's too).
     pub max_connections: u32,
     /// Longest wait for a pooled connection, in milliseconds.
     pub acquire_timeout_ms: u64,
@@ -281,6 +286,7 @@ impl Default for DatabaseSettings {
     fn default() -> Self {
         DatabaseSettings {
             url: DEFAULT_DATABASE_URL.to_owned(),
+            read_url: String::new(),
             max_connections: 8,
             acquire_timeout_ms: 5_000,
             statement_timeout_ms: 10_000,

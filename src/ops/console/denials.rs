@@ -239,7 +239,7 @@ pub async fn list(
         Ok(filter) => filter,
         Err(e) => return e.into_response(),
     };
-    let rows = match state.denials.list(&filter).await {
+    let rows = match state.reads.list(&filter).await {
         Ok(rows) => rows,
         Err(e) => return ConsoleError::Service(e.to_string()).into_response(),
     };
@@ -287,7 +287,7 @@ pub async fn one(
     let Ok(id) = id.parse::<i64>() else {
         return ConsoleError::Input("a denial id is a whole number".to_owned()).into_response();
     };
-    let denial = match state.denials.get(id).await {
+    let denial = match state.reads.get(id).await {
         Ok(Some(d)) => d,
         Ok(None) => {
             return ConsoleError::NotFound(format!("there is no denial {id}")).into_response()

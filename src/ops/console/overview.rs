@@ -114,13 +114,13 @@ pub async fn page(
     let hours: Vec<DateTime<Utc>> = (0..DAYS * 24)
         .map(|i| first + TimeDelta::hours(i))
         .collect();
-    let pool = state.denials.pool();
+    let pool = state.reads.pool();
     let (outcomes, denials) = match tokio::try_join!(
         rollup::hourly(pool, first, Hourly::Outcomes),
         rollup::hourly(pool, first, Hourly::DenialsByRule)
     ) {
         Ok(both) => both,
-        Err(e) => return ConsoleError::Service(e.to_string()).into_response(),
+        Err(e) => return ConsoleError::Service(state.reads.failed(e).to_string()).into_response(),
     };
     render(&Overview {
         layout: Layout::new(&session, "Overview", "overview"),

@@ -124,7 +124,7 @@ async fn usage_and_recent(
     };
     let (peeked, recent) = tokio::join!(
         crate::ops::service::peek(state, id, peek),
-        state.denials.list(&filter)
+        state.reads.list(&filter)
     );
     let (at, verdicts) = peeked.map_err(|e| ConsoleError::Service(e.to_string()))?;
     let recent = recent.map_err(|e| ConsoleError::Service(e.to_string()))?;

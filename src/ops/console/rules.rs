@@ -88,11 +88,11 @@ async fn counts_by_rule(
     state: &ConsoleState,
     since: DateTime<Utc>,
 ) -> Result<BTreeMap<String, Vec<i64>>, ConsoleError> {
-    let service = |e: RollupError| ConsoleError::Service(e.to_string());
-    let counted = rollup::rule_counts(state.denials.pool(), since)
+    let service = |e: RollupError| ConsoleError::Service(state.reads.failed(e).to_string());
+    let counted = rollup::rule_counts(state.reads.pool(), since)
         .await
         .map_err(service)?;
-    let verdicts = rollup::rule_verdicts(state.denials.pool(), since)
+    let verdicts = rollup::rule_verdicts(state.reads.pool(), since)
         .await
         .map_err(service)?;
     let mut by_rule: BTreeMap<String, Vec<i64>> = BTreeMap::new();

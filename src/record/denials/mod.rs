@@ -5,6 +5,7 @@
 
 pub mod columns;
 mod query;
+mod reads;
 mod sql;
 mod writer;
 
@@ -19,6 +20,7 @@ use crate::base::config::DatabaseSettings;
 use crate::request::message::SendRequest;
 
 pub use query::{DenialFilter, MAX_LIMIT};
+pub use reads::{ReadError, Reads};
 pub use writer::DenialWriter;
 
 /// SQLSTATE of an insert whose row falls in no partition (check_violation).
@@ -210,6 +212,28 @@ impl Serialize for StoredMessage {
     }
 }
 
+/// How to reach the database at `url` (the primary's or the read replica's) with `settings`'
+/// TLS files and statement timeout.
+fn connect_options(
+    settings: &DatabaseSettings,
+    url: &str,
+) -> Result<sqlx::postgres::PgConnectOptions, DenialError> {
+    let options =
+        crate::base::tls::postgres_options(url).map_err(|e| DenialError::Url(e.to_string()))?;
+    Ok(settings.tls.postgres(options).options([(
+        "statement_timeout",
+        settings.statement_timeout_ms.to_string(),
+    )]))
+}
+
+/// A pool as `settings` size it, with an acquire timeout, so a dead connection cannot hold a
+/// caller.
+fn pool_options(settings: &DatabaseSettings) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+}
+
 /// Handle on the denials table.
 #[derive(Debug, Clone)]
 pub struct DenialStore {
@@ -220,17 +244,8 @@ impl DenialStore {
     /// Opens a pool with an acquire timeout and a server-side statement timeout, so neither a
     /// dead connection nor a stuck query can hold the worker.
     pub async fn connect(settings: &DatabaseSettings) -> Result<DenialStore, DenialError> {
-        let options = crate::base::tls::postgres_options(&settings.url)
-            .map_err(|e| DenialError::Url(e.to_string()))?;
-        let options = settings.tls.postgres(options).options([(
-            "statement_timeout",
-            settings.statement_timeout_ms.to_string(),
-        )]);
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.max_connections)
-            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
-            .connect_with(options)
-            .await?;
+        let options = connect_options(settings, &settings.url)?;
+        let pool = pool_options(settings).connect_with(options).await?;
         Ok(DenialStore { pool })
     }
 

@@ -2,7 +2,7 @@
 //! restarted and stopped at will (the shared services are never touched), removed on drop.
 //! Each fails with the way to install the server when its binary is missing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -391,22 +391,7 @@ impl PrivatePostgres {
     }
 
     fn ctl(&self, action: &str) {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1",
-            self.port,
-            self.dir.display()
-        );
-        run(
-            Command::new("runuser")
-                .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
-                .arg("-D")
-                .arg(self.dir.join("data"))
-                .args(["-m", "fast", "-w", "-o", &options, "-l"])
-                .arg(self.dir.join("postgres.log"))
-                .arg(action),
-            "pg_ctl",
-        );
-        wait_for_port(self.port, Duration::from_secs(20), "postgres");
+        pg_ctl(&self.dir, self.port, action);
     }
 
     /// The URL of database `name`.
@@ -423,14 +408,7 @@ impl PrivatePostgres {
     /// A fast shutdown (open connections are cut); the port stays closed until
     /// [`PrivatePostgres::start_again`].
     pub fn stop(&self) {
-        run(
-            Command::new("runuser")
-                .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
-                .arg("-D")
-                .arg(self.dir.join("data"))
-                .args(["-m", "fast", "-w", "stop"]),
-            "pg_ctl stop",
-        );
+        pg_stop(&self.dir, "fast");
     }
 
     /// Starts a cluster stopped with [`PrivatePostgres::stop`] again, on the same port.
@@ -441,13 +419,113 @@ impl PrivatePostgres {
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
-        let _ = Command::new("runuser")
-            .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
+        pg_stop_quietly(&self.dir);
+    }
+}
+
+/// A PostgreSQL binary run as the postgres user (the server refuses root).
+fn as_postgres(binary: &str) -> Command {
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", "postgres", "--", &format!("{PG_BIN}/{binary}")]);
+    cmd
+}
+
+/// `pg_ctl <action>` (start, restart) on the cluster in `dir`/data, listening on `port` on
+/// 127.0.0.1 only, its sockets in `dir` (never the shared /var/run/postgresql), its log in
+/// `dir`/postgres.log; waits for the port.
+fn pg_ctl(dir: &Path, port: u16, action: &str) {
+    let options = format!(
+        "-p {port} -k {} -c listen_addresses=127.0.0.1",
+        dir.display()
+    );
+    run(
+        as_postgres("pg_ctl")
             .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-m", "immediate", "-w", "stop"])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
+            .arg(dir.join("data"))
+            .args(["-m", "fast", "-w", "-o", &options, "-l"])
+            .arg(dir.join("postgres.log"))
+            .arg(action),
+        "pg_ctl",
+    );
+    wait_for_port(port, Duration::from_secs(20), "postgres");
+}
+
+/// Stops the cluster in `dir`/data: `fast` cuts open connections and shuts down cleanly.
+fn pg_stop(dir: &Path, mode: &str) {
+    run(
+        as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-m", mode, "-w", "stop"]),
+        "pg_ctl stop",
+    );
+}
+
+/// Stops the cluster in `dir`/data whatever state it is in, and removes `dir`: for Drop.
+fn pg_stop_quietly(dir: &Path) {
+    let _ = as_postgres("pg_ctl")
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-m", "immediate", "-w", "stop"])
+        .output();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A private PostgreSQL primary and a streaming replica of it (`pg_basebackup -R`, through a
+/// physical replication slot), as `database.read_url` is meant to be used: writes on the
+/// primary, seen on the replica a moment later; the replica refuses writes. Drop stops the
+/// replica, then the primary (its slot goes with it).
+pub struct PrivatePostgresReplica {
+    /// The replica's port.
+    pub port: u16,
+    dir: PathBuf,
+    /// The primary.
+    pub primary: PrivatePostgres,
+}
+
+impl PrivatePostgresReplica {
+    /// A primary with database `database` already made (so the replica has it too), and its
+    /// replica, streaming.
+    pub fn start(database: &str) -> PrivatePostgresReplica {
+        let primary = PrivatePostgres::start();
+        run(
+            as_postgres("createdb")
+                .args(["-h", "127.0.0.1", "-U", "postgres"])
+                .args(["-p", &primary.port.to_string(), database]),
+            "createdb",
+        );
+        let replica = PrivatePostgresReplica {
+            port: free_port(),
+            dir: scratch("sqpgr"),
+            primary,
+        };
+        chown(&replica.dir, "postgres");
+        run(
+            as_postgres("pg_basebackup")
+                .args(["-h", "127.0.0.1", "-U", "postgres"])
+                .args(["-p", &replica.primary.port.to_string(), "-D"])
+                .arg(replica.dir.join("data"))
+                .args(["-R", "-X", "stream", "-c", "fast", "-C", "-S", "replica1"]),
+            "pg_basebackup",
+        );
+        pg_ctl(&replica.dir, replica.port, "start");
+        replica
+    }
+
+    /// The URL of database `name` on the replica.
+    pub fn url(&self, name: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Stops the replica (fast); the primary goes on, its slot keeping WAL for it.
+    pub fn stop(&self) {
+        pg_stop(&self.dir, "fast");
+    }
+}
+
+impl Drop for PrivatePostgresReplica {
+    fn drop(&mut self) {
+        pg_stop_quietly(&self.dir);
     }
 }
 
