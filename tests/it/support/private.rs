@@ -735,7 +735,12 @@ impl PrivateRabbitCluster {
 impl Drop for PrivateRabbitCluster {
     fn drop(&mut self) {
         for n in 0..self.nodes.len() {
-            let _ = self.ctl_output(n, &["shutdown"]);
+            if self.ctl_output(n, &["shutdown"]).is_err() {
+                // Not answering: kill its beam.smp, whose pid a clean shutdown would delete.
+                if let Ok(pid) = std::fs::read_to_string(self.nodes[n].dir.join("pid")) {
+                    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+                }
+            }
         }
         let launchers = self
             .launchers
