@@ -19,8 +19,11 @@ use sendquota::internals::broker::{self, Names, Publisher};
 use crate::support::private::PrivateRabbitCluster;
 use crate::support::{local, request, TempFile, TestEnv};
 
-/// Requests published while the nodes go down and come back.
-const MESSAGES: usize = 3_000;
+/// Requests published at a time, every [`PACE`] (about 100 a second), while the nodes go down
+/// and come back: a few thousand in all.
+const BATCH: usize = 25;
+/// See [`BATCH`].
+const PACE: Duration = Duration::from_millis(250);
 /// Fewer recipients than messages: the headline rule (one a day) denies the rest.
 const RECIPIENTS: usize = 1_000;
 /// Every this many messages, a copy of the same id is published too.
@@ -123,17 +126,23 @@ fn body(i: usize) -> String {
     request(&format!("m{i}"), &format!("r{}", i % RECIPIENTS), "UTC").to_string()
 }
 
-/// Publishes every message (and a copy of every [`COPY_EVERY`]th) through `publisher`, in
-/// batches spread over about 15 s, so the flow goes on while nodes stop.
-async fn publish_steadily(publisher: Publisher, requests: String) {
-    for batch in (0..MESSAGES).collect::<Vec<_>>().chunks(100) {
-        let bodies: Vec<String> = batch
-            .iter()
-            .flat_map(|&i| {
+/// Publishes requests `m0`, `m1`, ... (and a copy of every [`COPY_EVERY`]th) through
+/// `publisher`, [`BATCH`] every [`PACE`], until `stop` turns true: a steady flow while nodes stop
+/// and start. Returns how many distinct ids it published.
+async fn publish_steadily(
+    publisher: Publisher,
+    requests: String,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> usize {
+    let mut next = 0;
+    while !*stop.borrow() {
+        let bodies: Vec<String> = (next..next + BATCH)
+            .flat_map(|i| {
                 let copies = if i % COPY_EVERY == 0 { 2 } else { 1 };
                 std::iter::repeat_n(body(i), copies)
             })
             .collect();
+        next += BATCH;
         let pending: futures_util::stream::FuturesUnordered<_> = bodies
             .into_iter()
             .map(|b| {
@@ -148,8 +157,9 @@ async fn publish_steadily(publisher: Publisher, requests: String) {
         for confirmed in pending.collect::<Vec<_>>().await {
             confirmed.expect("publish a request");
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(PACE).await;
     }
+    next
 }
 
 /// Polls until the worker's consuming connection is on some node: that node.
@@ -196,6 +206,11 @@ async fn denied_ids(env: &TestEnv) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing() {
+    // The worker's log says which node it is on and when its sessions end.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("sendquota=info")
+        .with_writer(std::io::stderr)
+        .try_init();
     let (cluster, mut env, names) = cluster_env().await;
     let clock = ManualClock::new(local("UTC", "2026-06-01 10:00"));
     env.start_worker(&clock);
@@ -209,7 +224,12 @@ async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing()
     quorum_sink(&channel, &sink, &names.dispatch).await;
     let seen = record_ids(channel, sink);
     let publisher = Publisher::open(&conn).await.expect("publisher");
-    let publishing = tokio::spawn(publish_steadily(publisher, names.requests.clone()));
+    let (stop_publishing, publish_until) = tokio::sync::watch::channel(false);
+    let publishing = tokio::spawn(publish_steadily(
+        publisher,
+        names.requests.clone(),
+        publish_until,
+    ));
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     let at = Instant::now();
@@ -231,7 +251,9 @@ async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing()
         gap.as_secs_f64()
     );
     tokio::task::block_in_place(|| cluster.start_again(worker));
-    publishing.await.expect("every request published");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop_publishing.send(true);
+    let messages = publishing.await.expect("every request published");
 
     // Every id ends dispatched or denied.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -243,7 +265,7 @@ async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing()
             .map(|(id, _)| id.clone())
             .collect();
         let denied: HashSet<String> = denied_ids(&env).await.into_iter().collect();
-        if dispatched.len() + denied.len() >= MESSAGES || Instant::now() > deadline {
+        if dispatched.len() + denied.len() >= messages || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -257,14 +279,14 @@ async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing()
         stopping - Duration::from_secs(1),
         stopped + Duration::from_secs(1),
     );
-    let report = reconcile(&seen, &denied, window);
+    let report = reconcile(messages, &seen, &denied, window);
     eprintln!(
-        "rabbit cluster report: published {MESSAGES} (+{} copies); dispatched {} ({} distinct), \
+        "rabbit cluster report: published {messages} (+{} copies); dispatched {} ({} distinct), \
          denied {}; lost {}; duplicate dispatches {} in the crash window (first copy within 1 s \
          of the worker's node stopping), {} outside it; ids both dispatched and denied {}; \
          duplicate denial rows {}; gap after the follower's stop {:.2} s, after the worker's \
          node's {:.2} s",
-        MESSAGES.div_ceil(COPY_EVERY),
+        messages.div_ceil(COPY_EVERY),
         seen.len(),
         report.distinct_dispatched,
         denied.len(),
@@ -321,6 +343,7 @@ struct Reconciled {
 /// published; a duplicate dispatch is in the crash window when its first copy arrived within
 /// `window` (the worker's node going away with dispatches not yet marked).
 fn reconcile(
+    messages: usize,
     seen: &[(String, Instant)],
     denied: &[String],
     window: (Instant, Instant),
@@ -330,7 +353,7 @@ fn reconcile(
         first.entry(id.as_str()).or_insert((*at, 0)).1 += 1;
     }
     let denied_set: HashSet<&str> = denied.iter().map(String::as_str).collect();
-    let lost = (0..MESSAGES)
+    let lost = (0..messages)
         .map(|i| format!("m{i}"))
         .filter(|id| !first.contains_key(id.as_str()) && !denied_set.contains(id.as_str()))
         .collect();
@@ -442,7 +465,7 @@ async fn publish_and_tail_given_a_dead_first_node_connect_to_the_next_at_once() 
         .message_count();
     assert_eq!(ready, 1, "the request went to the cluster through node 1");
 
-    let mut tail = env.cli(&["tail", "sms"]);
+    let mut tail = env.cli(&["tail", "--channel", "sms"]);
     tail.env("SENDQUOTA_AMQP_URLS", &urls)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
@@ -450,18 +473,30 @@ async fn publish_and_tail_given_a_dead_first_node_connect_to_the_next_at_once() 
     let mut child = tail.spawn().expect("tail starts");
     let stderr = child.stderr.take().expect("tail's stderr");
     let tailing = tokio::task::spawn_blocking(move || {
-        std::io::BufReader::new(stderr)
+        let mut said = String::new();
+        for line in std::io::BufReader::new(stderr)
             .lines()
             .map_while(Result::ok)
-            .any(|line| line.contains("tailing"))
+        {
+            said.push_str(&line);
+            said.push('\n');
+            if line.contains("tailing") {
+                return (true, said);
+            }
+        }
+        (false, said)
     });
     let tailing = tokio::time::timeout(Duration::from_secs(20), tailing).await;
     let tail_took = started.elapsed();
     let _ = child.kill();
     let _ = child.wait();
+    let said = match &tailing {
+        Ok(Ok((_, said))) => said.clone(),
+        other => format!("{other:?}"),
+    };
     assert!(
-        matches!(tailing, Ok(Ok(true))),
-        "tail started tailing through node 1"
+        matches!(tailing, Ok(Ok((true, _)))),
+        "tail started tailing through node 1: {said}"
     );
     eprintln!(
         "with a dead first node: publish took {:.2} s, tail listened after {:.2} s",
