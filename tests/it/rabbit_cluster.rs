@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use sendquota::clock::ManualClock;
@@ -94,32 +94,82 @@ async fn quorum_sink(channel: &Channel, queue: &str, exchange: &str) {
         .expect("bind the sink");
 }
 
-/// Takes every message of `queue` as it arrives, recording its id and when it came.
-fn record_ids(channel: Channel, queue: String) -> Arc<Mutex<Vec<(String, Instant)>>> {
-    let seen = Arc::new(Mutex::new(Vec::new()));
+/// The dispatches recorded: each id and when it came.
+type Seen = Arc<Mutex<Vec<(String, Instant)>>>;
+
+/// Takes every message of `queue` as it arrives through one of `urls` (the first that answers,
+/// again after a lost connection, like any client of a cluster), recording its id and when it
+/// came before acking it. A redelivery of an id already recorded (its ack lost with the
+/// connection) is not recorded again; a second dispatch of an id is a new message, not a
+/// redelivery, and is.
+fn record_ids(urls: Vec<String>, queue: String) -> Seen {
+    let seen = Seen::default();
     let into = seen.clone();
     tokio::spawn(async move {
-        let options = BasicConsumeOptions {
-            no_ack: true,
-            ..BasicConsumeOptions::default()
-        };
-        let mut consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                "sendquota-test-sink".into(),
-                options,
-                FieldTable::default(),
-            )
-            .await
-            .expect("consume the sink");
-        while let Some(Ok(delivery)) = consumer.next().await {
-            let body: serde_json::Value =
-                serde_json::from_slice(&delivery.data).expect("a JSON dispatch");
-            let id = body["id"].as_str().expect("an id").to_owned();
-            into.lock().expect("ids").push((id, Instant::now()));
+        loop {
+            let ended = consume_into(&urls, &queue, &into).await;
+            eprintln!("the sink's consumer ended ({ended}); consuming again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
     seen
+}
+
+/// One connection's consumption of [`record_ids`]: why it ended.
+async fn consume_into(urls: &[String], queue: &str, seen: &Seen) -> String {
+    let Some(conn) = connect_any(urls, "sendquota-test-sink").await else {
+        return "no node answered".to_owned();
+    };
+    let Ok(channel) = conn.create_channel().await else {
+        return "no channel".to_owned();
+    };
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            "sendquota-test-sink".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+    let mut consumer = match consumer {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
+    while let Some(delivery) = consumer.next().await {
+        let delivery = match delivery {
+            Ok(d) => d,
+            Err(e) => return e.to_string(),
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(&delivery.data).expect("a JSON dispatch");
+        let id = body["id"].as_str().expect("an id").to_owned();
+        {
+            let mut seen = seen.lock().expect("ids");
+            if !(delivery.redelivered && seen.iter().any(|(s, _)| *s == id)) {
+                seen.push((id, Instant::now()));
+            }
+        }
+        let _ = delivery.acker.ack(BasicAckOptions::default()).await;
+    }
+    "the stream ended".to_owned()
+}
+
+/// A connection to the first of `urls` that answers, if one does.
+async fn connect_any(urls: &[String], name: &str) -> Option<Connection> {
+    for url in urls {
+        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        if let Ok(conn) = Connection::connect(url, properties).await {
+            return Some(conn);
+        }
+    }
+    None
+}
+
+/// `urls` starting at node `first`, the others after it in turn.
+fn from_node(urls: &[String], first: usize) -> Vec<String> {
+    (0..urls.len())
+        .map(|k| urls[(first + k) % urls.len()].clone())
+        .collect()
 }
 
 fn body(i: usize) -> String {
@@ -130,11 +180,12 @@ fn body(i: usize) -> String {
 /// `publisher`, [`BATCH`] every [`PACE`], until `stop` turns true: a steady flow while nodes stop
 /// and start. Returns how many distinct ids it published.
 async fn publish_steadily(
-    publisher: Publisher,
+    urls: Vec<String>,
     requests: String,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> usize {
     let mut next = 0;
+    let mut publisher = None;
     while !*stop.borrow() {
         let bodies: Vec<String> = (next..next + BATCH)
             .flat_map(|i| {
@@ -142,24 +193,51 @@ async fn publish_steadily(
                 std::iter::repeat_n(body(i), copies)
             })
             .collect();
-        next += BATCH;
-        let pending: futures_util::stream::FuturesUnordered<_> = bodies
-            .into_iter()
-            .map(|b| {
-                let (publisher, requests) = (publisher.clone(), requests.clone());
-                async move {
-                    publisher
-                        .publish(&requests, "", b.as_bytes(), BasicProperties::default())
-                        .await
+        // A batch whose connection was lost is published again whole, through another node
+        // if need be: a copy of an id is decided as one.
+        loop {
+            if publisher.is_none() {
+                publisher = open_publisher(&urls).await;
+            }
+            let Some((_, p)) = &publisher else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            match publish_all(p, &requests, &bodies).await {
+                Ok(()) => break,
+                Err(e) => {
+                    eprintln!("publishing lost its connection ({e}); publishing again");
+                    publisher = None;
                 }
-            })
-            .collect();
-        for confirmed in pending.collect::<Vec<_>>().await {
-            confirmed.expect("publish a request");
+            }
         }
+        next += BATCH;
         tokio::time::sleep(PACE).await;
     }
     next
+}
+
+/// A publisher on the first of `urls` that answers, with its connection.
+async fn open_publisher(urls: &[String]) -> Option<(Connection, Publisher)> {
+    let conn = connect_any(urls, "sendquota-test-load").await?;
+    let publisher = Publisher::open(&conn).await.ok()?;
+    Some((conn, publisher))
+}
+
+/// Publishes `bodies` to `requests` at once, each confirmed.
+async fn publish_all(
+    publisher: &Publisher,
+    requests: &str,
+    bodies: &[String],
+) -> Result<(), broker::BrokerError> {
+    let pending: futures_util::stream::FuturesUnordered<_> = bodies
+        .iter()
+        .map(|b| publisher.publish(requests, "", b.as_bytes(), BasicProperties::default()))
+        .collect();
+    for confirmed in pending.collect::<Vec<_>>().await {
+        confirmed?;
+    }
+    Ok(())
 }
 
 /// Polls until the worker's consuming connection is on some node: that node.
@@ -179,7 +257,7 @@ async fn worker_node(cluster: &PrivateRabbitCluster) -> usize {
 }
 
 /// The first dispatch recorded at or after `at`, as a wait from `at`.
-async fn first_dispatch_after(seen: &Mutex<Vec<(String, Instant)>>, at: Instant) -> Duration {
+async fn first_dispatch_after(seen: &Seen, at: Instant) -> Duration {
     let deadline = at + Duration::from_secs(60);
     loop {
         let first = seen
@@ -222,11 +300,12 @@ async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing()
     let channel = conn.create_channel().await.expect("channel");
     let sink = format!("{}.test.cluster-dispatched", env.namespace);
     quorum_sink(&channel, &sink, &names.dispatch).await;
-    let seen = record_ids(channel, sink);
-    let publisher = Publisher::open(&conn).await.expect("publisher");
+    let _ = conn.close(200, "declared".into()).await;
+    let clients = from_node(&cluster.urls(), steady);
+    let seen = record_ids(clients.clone(), sink);
     let (stop_publishing, publish_until) = tokio::sync::watch::channel(false);
     let publishing = tokio::spawn(publish_steadily(
-        publisher,
+        clients,
         names.requests.clone(),
         publish_until,
     ));
@@ -400,7 +479,7 @@ async fn a_delayed_message_outlives_the_node_that_declared_its_quorum_delay_queu
     // The worker's list starts with the stopped node: it moves on to node 1.
     let clock = ManualClock::new(local("UTC", "2026-06-01 10:00"));
     env.start_worker(&clock);
-    let seen = record_ids(channel, sink);
+    let seen = record_ids(from_node(&cluster.urls(), 2), sink);
     let deadline = Instant::now() + Duration::from_secs(60);
     let back = loop {
         if let Some((id, at)) = seen.lock().expect("ids").first().cloned() {
