@@ -111,7 +111,7 @@ pub async fn run(
         };
         serve_admin(settings, ops, stop.clone()).await?;
     }
-    let names = Names::new(&settings.namespace);
+    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
     let traces = start_traces(settings, &names)?;
     let rollup = Rollup::start(&denials, &clock);
     let steps = steps(settings, redis, denials, names, failpoint, &rules);
@@ -267,7 +267,11 @@ fn digests(
 /// The worker's sessions' failure as the start-up error, with a hint when a plaintext URL met
 /// what looks like a TLS-only broker.
 fn broker_error(settings: &Settings, e: crate::intake::broker::BrokerError) -> StartupError {
-    let plain = settings.amqp.url.starts_with("amqp://");
+    let plain = settings
+        .amqp
+        .broker_urls()
+        .iter()
+        .all(|u| u.starts_with("amqp://"));
     let message = e.to_string();
     let hint = tls_hint(plain, &message, "amqps://");
     StartupError::Broker(format!("{message}{hint}"))
@@ -322,7 +326,7 @@ async fn serve_admin(
         ops,
         console: Arc::new(Console::new(
             settings.amqp.clone(),
-            Names::new(&settings.namespace),
+            Names::of(&settings.namespace, settings.amqp.queue_type),
         )),
     };
     let listen = &settings.admin.listen;

@@ -38,7 +38,7 @@ pub(super) async fn publish(settings: &Settings, file: Option<PathBuf>) -> Resul
             .map_err(|e| CliError::Input(format!("line {}: {e}", index + 1)))?;
         requests.push((request.id, line));
     }
-    let names = Names::new(&settings.namespace);
+    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
     let (connection, publisher) = open_publisher(settings, &names, "sendquota-publish").await?;
     let total = requests.len();
     let mut sent = 0usize;
@@ -68,7 +68,7 @@ pub(super) async fn publish(settings: &Settings, file: Option<PathBuf>) -> Resul
 /// Prints what is dispatched with `routing_key` until SIGINT or SIGTERM (exit 0); the line on
 /// standard error says where it listens, so standard output holds only the JSON lines.
 pub(super) async fn tail(settings: &Settings, routing_key: &str) -> Result<(), CliError> {
-    let names = Names::new(&settings.namespace);
+    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
     let rabbitmq = |e: &dyn std::fmt::Display| service("rabbitmq")(e);
     let connection = broker::connect(&settings.amqp, "sendquota-tail")
         .await
@@ -97,7 +97,7 @@ pub(super) async fn quarantine(
     settings: &Settings,
     action: QuarantineAction,
 ) -> Result<(), CliError> {
-    let names = Names::new(&settings.namespace);
+    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
     match action {
         QuarantineAction::List { limit } => {
             let listed = crate::ops::quarantine::list_held(&settings.amqp, &names, ROLE, limit)

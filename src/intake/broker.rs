@@ -7,8 +7,9 @@
 //! - queue `<ns>.invalid`: bodies that are not valid requests, with the reason in a header;
 //! - queue `<ns>.quarantine`: valid requests a service refuses for good (poison), with the
 //!   reason, attempts and errors in headers, until `sendquota quarantine replay`;
-//! - queues `<ns>.delay.<ms>`: delayed messages wait there for a fixed TTL and are
-//!   dead-lettered back to `<ns>.requests`.
+//! - queues `<ns>.delay.q.<ms>` (quorum, the default) or `<ns>.delay.<ms>` (classic):
+//!   delayed messages wait there for a fixed TTL and are dead-lettered back to
+//!   `<ns>.requests` (see `delays`).
 //!
 //! Declarations are idempotent, so every worker declares everything at start, and again
 //! when a publish to one of its queues comes back unroutable (an operator deleted it).
@@ -23,6 +24,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Event};
 use tokio::sync::watch;
 
+use super::nodes::{first_answering, NodeFailure, NODE_CONNECT_TIMEOUT};
 use crate::base::config::{AmqpSettings, QueueType};
 use crate::decide::deadline::Receipt;
 
@@ -88,6 +90,9 @@ pub enum BrokerError {
         /// The routing key.
         routing_key: String,
     },
+    /// No node of `amqp.urls` gave a connection: each one's failure, in the order tried.
+    #[error("{0}")]
+    NoNode(String),
     /// The broker did not answer within [`BROKER_TIMEOUT`].
     #[error("rabbitmq did not answer within {BROKER_TIMEOUT:?} ({0})")]
     Timeout(&'static str),
@@ -184,23 +189,35 @@ pub struct Names {
     pub quarantine: String,
     /// The namespace every name starts with, for log lines.
     pub namespace: String,
+    /// The type of the delay queues, which their names tell apart (see [`Names::delay_queue`]).
+    pub delay_type: QueueType,
 }
 
 impl Names {
-    /// The names for `namespace`.
+    /// The names for `namespace` with classic delay queues (`<ns>.delay.<ms>`), as before
+    /// `amqp.queue_type` reached them: see [`Names::of`].
     pub fn new(namespace: &str) -> Names {
+        Names::of(namespace, QueueType::Classic)
+    }
+
+    /// The names for `namespace` whose delay queues are of `delay_type`: the worker's and
+    /// every command's, from `amqp.queue_type`.
+    pub fn of(namespace: &str, delay_type: QueueType) -> Names {
         Names {
             requests: format!("{namespace}.requests"),
             dispatch: format!("{namespace}.dispatch"),
             invalid: format!("{namespace}.invalid"),
             quarantine: format!("{namespace}.quarantine"),
             namespace: namespace.to_owned(),
+            delay_type,
         }
     }
 
-    /// The delay queue holding messages for `ttl_ms`.
+    /// The delay queue holding messages for `ttl_ms`: `<ns>.delay.q.<ms>` for quorum queues,
+    /// `<ns>.delay.<ms>` for classic ones. The names differ because a queue cannot change type:
+    /// declaring the classic queues of an existing deployment as quorum would be refused.
     pub fn delay_queue(&self, ttl_ms: i64) -> String {
-        format!("{}.delay.{ttl_ms}", self.namespace)
+        super::delays::queue_name(&self.namespace, self.delay_type, ttl_ms)
     }
 
     /// The durable queues other than the delay queues, which have arguments of their own.
@@ -226,16 +243,39 @@ impl Names {
 }
 
 /// Opens a connection named after the process role (`sendquota-worker-consume`, ...), with
-/// TLS for `amqps://` URLs and the negotiated heartbeat.
+/// TLS for `amqps://` URLs and the negotiated heartbeat, to the first node of `amqp.urls` that
+/// answers (see [`super::nodes`]); with one URL, that broker or its error.
 pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, BrokerError> {
     let tls = settings.tls.amqp()?;
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
-    let runtime = lapin::runtime::default_runtime()?;
-    timed(
-        "connect",
-        Connection::connect_with_config(&settings.url, properties, tls, runtime),
-    )
-    .await
+    let urls = settings.broker_urls();
+    let open = |url: &str| {
+        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        let tls = tls.clone();
+        let url = url.to_owned();
+        async move {
+            let runtime = lapin::runtime::default_runtime()?;
+            Connection::connect_with_config(&url, properties, tls, runtime).await
+        }
+    };
+    let timeout = if urls.len() > 1 {
+        NODE_CONNECT_TIMEOUT
+    } else {
+        BROKER_TIMEOUT
+    };
+    match first_answering(urls, timeout, open).await {
+        Ok((connection, index)) => {
+            if urls.len() > 1 {
+                let node = crate::base::config::redact_url(&urls[index]);
+                tracing::info!(%node, connection = name, "connected to rabbitmq");
+            }
+            Ok(connection)
+        }
+        Err(round) if urls.len() > 1 => Err(BrokerError::NoNode(round.to_string())),
+        Err(mut round) => match round.failures.pop().map(|(_, failure)| failure) {
+            Some(NodeFailure::Failed(e)) => Err(BrokerError::Amqp(e)),
+            _ => Err(BrokerError::Timeout("connect")),
+        },
+    }
 }
 
 /// Whether the broker blocks `connection` (a resource alarm), and why: `Some(reason)` while
@@ -325,13 +365,7 @@ pub async fn declare(
     )
     .await?;
     for ttl in DELAY_TIERS_MS {
-        // Classic queues: every message in one has the same TTL, so they expire in order.
-        let mut args = queue_args(QueueType::Classic);
-        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
-        args.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString(names.requests.as_str().into()),
-        );
+        let args = super::delays::queue_args(names.delay_type, ttl, &names.requests);
         timed(
             "queue.declare",
             channel.queue_declare(short(&names.delay_queue(ttl))?, durable_queue, args),
@@ -516,6 +550,10 @@ mod tests {
         for other in ["ns.dispatch", "ns.delay.7", "other.invalid", "ns.invalid.x"] {
             assert!(!names.owns("", other), "{other}");
         }
+        let quorum = Names::of("ns", QueueType::Quorum);
+        assert!(quorum.owns("", "ns.delay.q.1000"));
+        assert!(quorum.owns("", "ns.requests"));
+        assert!(!quorum.owns("", "ns.delay.q.7"));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 pub mod acks;
 pub mod broker;
 pub mod confirms;
+pub mod delays;
+pub mod nodes;
 pub mod publisher;
 pub mod sequence;
 pub mod worker;

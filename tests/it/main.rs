@@ -38,6 +38,7 @@ mod priority;
 mod priority_model;
 mod producer_context;
 mod producers;
+mod rabbit_cluster;
 mod read_replica;
 mod reasons;
 mod replay;

@@ -69,17 +69,35 @@ pub(super) fn check_urls(
                 .to_owned(),
         ));
     }
-    let amqp_scheme = amqp.url.starts_with("amqp://") || amqp.url.starts_with("amqps://");
-    if !amqp_scheme || amqp.url.parse::<lapin::uri::AMQPUri>().is_err() {
-        return Err(ConfigError::Invalid(
-            "amqp url is not valid: expected amqp[s]://user:password@host:port/vhost".to_owned(),
-        ));
-    }
+    check_amqp_urls(amqp.broker_urls())?;
     check_database_url("database url", &database.url)?;
     if database.read_url.is_empty() {
         return Ok(());
     }
     check_database_url("database read_url", &database.read_url)
+}
+
+/// Every broker URL parses, and all are `amqp://` or all `amqps://`: one TLS configuration
+/// serves every node, and a list that mixes them only fails later, on one node.
+fn check_amqp_urls(urls: &[String]) -> Result<(), ConfigError> {
+    for url in urls {
+        let scheme = url.starts_with("amqp://") || url.starts_with("amqps://");
+        if !scheme || url.parse::<lapin::uri::AMQPUri>().is_err() {
+            return Err(ConfigError::Invalid(
+                "amqp url is not valid: expected amqp[s]://user:password@host:port/vhost"
+                    .to_owned(),
+            ));
+        }
+    }
+    let tls = urls.iter().filter(|u| u.starts_with("amqps://")).count();
+    if tls != 0 && tls != urls.len() {
+        return Err(ConfigError::Invalid(
+            "amqp urls mix amqp:// and amqps:// nodes: a cluster's nodes are reached all with \
+             TLS or all without"
+                .to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 /// The `sslmode` values Postgres clients (and sqlx) know.

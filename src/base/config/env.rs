@@ -17,15 +17,14 @@ pub(super) fn apply_env(file: &mut File, env: &impl Fn(&str) -> Option<String>) 
         file.redis.cluster_urls.clear();
     }
     if let Some(urls) = env("SENDQUOTA_REDIS_CLUSTER_URLS") {
-        file.redis.cluster_urls = urls
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
+        file.redis.cluster_urls = split_urls(&urls);
     }
     if let Some(url) = env("SENDQUOTA_AMQP_URL") {
         file.amqp.url = url;
+        file.amqp.urls.clear();
+    }
+    if let Some(urls) = env("SENDQUOTA_AMQP_URLS") {
+        file.amqp.urls = split_urls(&urls);
     }
     if let Some(url) = env("SENDQUOTA_DATABASE_URL") {
         file.database.url = url;
@@ -49,6 +48,15 @@ pub(super) fn apply_env(file: &mut File, env: &impl Fn(&str) -> Option<String>) 
             token,
         });
     }
+}
+
+/// A comma-separated list of URLs from one variable, blanks dropped.
+fn split_urls(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `SENDQUOTA_<SERVICE>_TLS_CA_FILE`, `..._TLS_CLIENT_CERT_FILE` and `..._TLS_CLIENT_KEY_FILE`

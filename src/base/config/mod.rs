@@ -205,6 +205,7 @@ impl Settings {
         redis.cluster_urls = redis.cluster_urls.iter().map(|u| redact_url(u)).collect();
         let mut amqp = self.amqp.clone();
         amqp.url = redact_url(&amqp.url);
+        amqp.urls = amqp.urls.iter().map(|u| redact_url(u)).collect();
         let mut database = self.database.clone();
         database.url = redact_url(&database.url);
         database.read_url = redact_url(&database.read_url);

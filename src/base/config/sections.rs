@@ -166,6 +166,10 @@ pub struct RedisSettings {
 pub struct AmqpSettings {
     /// The broker URL.
     pub url: String,
+    /// The nodes of a RabbitMQ cluster, tried in turn: a connection goes to the first that
+    /// answers, and moves on to the next when its node goes away. When non-empty, `url` is
+    /// ignored.
+    pub urls: Vec<String>,
     /// Deliveries the broker may hand the worker before acks (the consumer's prefetch).
     pub prefetch: u16,
     /// Queue type of the requests and invalid queues: `quorum` (survives a node loss) or
@@ -173,6 +177,18 @@ pub struct AmqpSettings {
     pub queue_type: QueueType,
     /// Certificate files for an `amqps://` URL.
     pub tls: TlsFiles,
+}
+
+impl AmqpSettings {
+    /// The URLs connections try, in order: `urls`, or `url` alone when `urls` is empty. One
+    /// place decides, so every role (worker, CLI, console) reaches the same nodes.
+    pub fn broker_urls(&self) -> &[String] {
+        if self.urls.is_empty() {
+            std::slice::from_ref(&self.url)
+        } else {
+            &self.urls
+        }
+    }
 }
 
 /// RabbitMQ queue type.
@@ -275,6 +291,7 @@ impl Default for AmqpSettings {
     fn default() -> Self {
         AmqpSettings {
             url: DEFAULT_AMQP_URL.to_owned(),
+            urls: Vec::new(),
             prefetch: 256,
             queue_type: QueueType::Quorum,
             tls: TlsFiles::default(),

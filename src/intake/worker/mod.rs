@@ -30,13 +30,17 @@ use crate::base::health::Health;
 use crate::base::telemetry;
 use crate::intake::acks::Settler;
 use crate::intake::broker::{self, BrokerError, Names};
+use crate::intake::nodes;
 use crate::intake::publisher::Publisher;
 use crate::intake::sequence::Sequence;
 use crate::request::message::SendRequest;
 use task::{Task, Unrouted};
 
 /// Keeps the worker taking deliveries until `stop` turns true: one broker session after
-/// another, reconnecting with capped, jittered backoff after a loss. Returns the error of the
+/// another, reconnecting with capped, jittered backoff after a loss. A session that had been
+/// consuming for a while is followed at once by a new round over the nodes (`amqp.urls`),
+/// starting after the node it was on: another node of a cluster takes over within the
+/// connect time; the backoff applies when a whole round failed. Returns the error of the
 /// first session when no session ever started (the broker is unreachable at start: the caller
 /// fails like it does for Redis and Postgres, so the orchestrator sees it).
 pub async fn supervise(
@@ -50,6 +54,7 @@ pub async fn supervise(
     let mut stall = failpoint::armed(failpoint, Failpoint::StallConsumerOnce);
     let mut started = false;
     loop {
+        let began = std::time::Instant::now();
         let ended = session(
             settings,
             pipeline,
@@ -58,13 +63,20 @@ pub async fn supervise(
             stop.clone(),
         )
         .await;
-        started |= health.consuming();
+        let consumed = health.consuming();
+        started |= consumed;
         health.set_consuming(false);
         match ended {
             Ok(()) => return Ok(()),
             Err(e) if !started => return Err(e),
             Err(e) => {
-                let wait = backoff.next();
+                // A session that lived is a node lost, not a broker refusing again and again.
+                let wait = if consumed && began.elapsed() >= LIVED {
+                    backoff = Backoff::new(&settings.worker);
+                    Duration::ZERO
+                } else {
+                    backoff.next()
+                };
                 error!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker session lost");
                 if sleep_or_stop(wait, &stop).await {
                     return Ok(());
@@ -73,6 +85,10 @@ pub async fn supervise(
         }
     }
 }
+
+/// How long a session must have lived for its loss to be followed by a new round at once
+/// rather than after the backoff: a session that keeps failing as soon as it starts backs off.
+const LIVED: Duration = Duration::from_secs(1);
 
 /// How often the session checks that its channels are still open: lapin reports a channel
 /// the broker closed (a publish to a deleted exchange, say) only to the next call on it.
@@ -90,6 +106,7 @@ async fn session(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), BrokerError> {
     let consuming = broker::connect(&settings.amqp, "sendquota-worker-consume").await?;
+    let node = nodes::preferred();
     let publishing = match broker::connect(&settings.amqp, "sendquota-worker-publish").await {
         Ok(c) => Arc::new(c),
         Err(e) => {
@@ -108,6 +125,15 @@ async fn session(
     )
     .await;
     health.set_blocked(None);
+    if result.is_err() {
+        nodes::move_on(node);
+        // Closing waits for the node's answer: a hung node must not hold the next round.
+        tokio::spawn(async move {
+            close(&consuming).await;
+            close(&publishing).await;
+        });
+        return result;
+    }
     close(&consuming).await;
     close(&publishing).await;
     result

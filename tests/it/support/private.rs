@@ -652,3 +652,241 @@ impl Drop for PrivateRabbit {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Where RabbitMQ's own scripts are: run directly, as the /usr/sbin wrappers would switch to the
+/// rabbitmq user and its HOME (the shared node's Erlang cookie).
+const RABBIT_BIN: &str = "/usr/lib/rabbitmq/bin";
+
+/// A private 3-node RabbitMQ cluster (docs: /work/shared/notes/clusters.md, section 1): its own
+/// node names, ports, data directories and Erlang cookie (in its own HOME), so neither the shared
+/// `rabbit@localhost` nor epmd is touched. Nodes are stopped and started again one at a time to
+/// test a node loss; dropping it shuts every node down and removes the directories.
+pub struct PrivateRabbitCluster {
+    dir: PathBuf,
+    nodes: Vec<ClusterNode>,
+    /// The `rabbitmq-server` scripts started, parents of the nodes' beam.smp: reaped on drop.
+    launchers: std::sync::Mutex<Vec<std::process::Child>>,
+}
+
+/// One node of a [`PrivateRabbitCluster`].
+struct ClusterNode {
+    name: String,
+    port: u16,
+    dist_port: u16,
+    dir: PathBuf,
+}
+
+impl PrivateRabbitCluster {
+    /// Boots 3 nodes at once (about 8 s) and joins nodes 2 and 3 to node 1.
+    pub fn start() -> PrivateRabbitCluster {
+        let dir = scratch("sqc");
+        let base = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("sqc")
+            .to_owned();
+        let home = dir.join("home");
+        std::fs::create_dir_all(&home).expect("cluster home");
+        // Any cookie but the shared node's: this run's unique name will do.
+        let cookie = format!("{}COOKIE", base.replace('_', "").to_uppercase());
+        std::fs::write(home.join(".erlang.cookie"), cookie).expect("cookie");
+        run(
+            Command::new("chmod")
+                .arg("400")
+                .arg(home.join(".erlang.cookie")),
+            "chmod the cookie",
+        );
+        let nodes: Vec<ClusterNode> = (1..=3)
+            .map(|n| ClusterNode {
+                name: format!("{base}n{n}@localhost"),
+                port: free_port(),
+                dist_port: free_port(),
+                dir: dir.join(format!("n{n}")),
+            })
+            .collect();
+        let cluster = PrivateRabbitCluster {
+            dir,
+            nodes,
+            launchers: std::sync::Mutex::new(Vec::new()),
+        };
+        for node in &cluster.nodes {
+            std::fs::create_dir_all(&node.dir).expect("node dir");
+            std::fs::write(node.dir.join("rabbitmq.conf"), "").expect("rabbitmq.conf");
+            std::fs::write(node.dir.join("rabbitmq-env.conf"), "").expect("rabbitmq-env.conf");
+            std::fs::write(node.dir.join("enabled_plugins"), "[].").expect("plugins file");
+        }
+        std::thread::scope(|s| {
+            for n in 0..3 {
+                let cluster = &cluster;
+                s.spawn(move || cluster.start_again(n));
+            }
+        });
+        for n in 1..3 {
+            cluster.ctl_on(n, &["stop_app"]);
+            cluster.ctl_on(n, &["join_cluster", &cluster.nodes[0].name]);
+            cluster.ctl_on(n, &["start_app"]);
+        }
+        cluster
+    }
+
+    /// The AMQP URLs of the nodes, node 0 first.
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.nodes.len()).map(|n| self.url(n)).collect()
+    }
+
+    /// The AMQP URL of node `n`.
+    pub fn url(&self, n: usize) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.nodes[n].port)
+    }
+
+    /// A URL where no broker listens (a node that is down), for a list that starts with one.
+    pub fn dead_url() -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", free_port())
+    }
+
+    /// Shuts node `n` down (it waits for the node to stop); the others go on as the cluster.
+    pub fn stop(&self, n: usize) {
+        self.ctl_on(n, &["shutdown"]);
+    }
+
+    /// Starts node `n` (first boot, or after [`PrivateRabbitCluster::stop`], with the same ports
+    /// and data) and waits until its application runs: it rejoins the cluster by itself.
+    pub fn start_again(&self, n: usize) {
+        let node = &self.nodes[n];
+        let log = std::fs::File::create(node.dir.join("stdout.log")).expect("node log");
+        let err = log.try_clone().expect("node log");
+        use std::os::unix::process::CommandExt;
+        let mut server = Command::new(format!("{RABBIT_BIN}/rabbitmq-server"));
+        self.node_env(n, &mut server)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .process_group(0);
+        let child = server.spawn().unwrap_or_else(|e| {
+            panic!("rabbitmq-server: cannot run: {e}; install it with deploy/local/services.sh")
+        });
+        self.launchers.lock().expect("launchers").push(child);
+        let pid = node.dir.join("pid");
+        let pid = pid.to_str().expect("utf-8 path");
+        self.ctl_on(n, &["wait", pid, "--timeout", "120"]);
+    }
+
+    /// Waits (up to 60 s) until every quorum queue has a member online on every node, as after
+    /// a node rejoined: losing another node before that could leave a queue without a majority.
+    /// How long it waited.
+    pub fn wait_all_members_online(&self, through: usize) -> Duration {
+        let started = Instant::now();
+        loop {
+            let listed = self
+                .ctl_output(through, &["list_queues", "name", "type", "online", "-q"])
+                .unwrap_or_default();
+            let behind = listed
+                .lines()
+                .filter(|l| l.contains("quorum"))
+                .any(|l| self.nodes.iter().any(|node| !l.contains(&node.name)));
+            if !behind && !listed.is_empty() {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "quorum members back online on every node within 60 s: {listed}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The node (index) the connection named `name` (its `connection_name`) is on, if one is.
+    pub fn node_of(&self, name: &str) -> Option<usize> {
+        (0..self.nodes.len()).find_map(|n| {
+            let listed = self
+                .ctl_output(n, &["list_connections", "name", "client_properties", "-q"])
+                .ok()?;
+            let line = listed.lines().find(|l| l.contains(name))?;
+            let (_, local) = line.split_once(" -> ")?;
+            let port: u16 = local
+                .split(|c: char| !c.is_ascii_digit() && c != '.' && c != ':')
+                .next()?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()?;
+            self.nodes.iter().position(|node| node.port == port)
+        })
+    }
+
+    /// Runs `rabbitmqctl` on node `n` with `args`, failing the test when it fails.
+    pub fn ctl_on(&self, n: usize, args: &[&str]) {
+        if let Err(e) = self.ctl_output(n, args) {
+            panic!("{e}");
+        }
+    }
+
+    /// Runs `rabbitmqctl` on node `n` with `args`: what it printed, or why it failed.
+    pub fn ctl_output(&self, n: usize, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(format!("{RABBIT_BIN}/rabbitmqctl"))
+            .env("HOME", self.dir.join("home"))
+            .args(["-n", &self.nodes[n].name])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("rabbitmqctl: cannot run: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "rabbitmqctl {args:?} on node {n} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `cmd` with node `n`'s environment: its name, ports, files and the cluster's HOME.
+    fn node_env<'c>(&self, n: usize, cmd: &'c mut Command) -> &'c mut Command {
+        let node = &self.nodes[n];
+        let d = &node.dir;
+        let path = format!("{RABBIT_BIN}:{}", std::env::var("PATH").unwrap_or_default());
+        cmd.env("HOME", self.dir.join("home"))
+            .env("PATH", path)
+            .env("RABBITMQ_NODENAME", &node.name)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", node.port.to_string())
+            .env("RABBITMQ_DIST_PORT", node.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", d.join("log"))
+            .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
+            .env("RABBITMQ_CONF_ENV_FILE", d.join("rabbitmq-env.conf"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
+            .env("RABBITMQ_PID_FILE", d.join("pid"))
+            .env(
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+                "-kernel inet_dist_use_interface {127,0,0,1}",
+            )
+    }
+}
+
+impl Drop for PrivateRabbitCluster {
+    fn drop(&mut self) {
+        for n in 0..self.nodes.len() {
+            if self.ctl_output(n, &["shutdown"]).is_err() {
+                // Not answering: kill its beam.smp, whose pid a clean shutdown would delete.
+                if let Ok(pid) = std::fs::read_to_string(self.nodes[n].dir.join("pid")) {
+                    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+                }
+            }
+        }
+        let launchers = self
+            .launchers
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        for mut launcher in launchers {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(launcher.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
