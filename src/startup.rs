@@ -228,7 +228,8 @@ fn steps(
 ) -> Arc<Steps> {
     let current = rules.current();
     Arc::new(Steps {
-        marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
+        marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs)
+            .batched(),
         denials: DenialWriter::spawn(
             denials,
             settings.worker.denial_batch_size,
