@@ -51,7 +51,7 @@ done
 echo
 echo "== issue 39 summary ($(date -u +%F\ %H:%M) UTC, $(git rev-parse --short HEAD)) =="
 grep -E '^ *[0-9]+\. median|^fastest' "$OUT/shapes.txt"
-grep -E '^\((a2|a3|c|d)\)|^Redis CPU|^Postgres CPU|^Redis requests' "$OUT/series.txt"
+grep -E '^\((a2|a3|c|d)\)|^Redis CPU|^Postgres CPU|^Redis reply|^series ' "$OUT/series.txt"
 for i in 1 2 3; do
     grep -E '^\(g\)' "$OUT/latency$i.txt" | sed "s/^/run $i: /"
 done

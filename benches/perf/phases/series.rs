@@ -37,8 +37,8 @@ struct Sides {
     a2_cpu: Tally,
     a3_cpu: Tally,
     c_cpu: Tally,
-    /// Redis reply writes (`total_writes_processed`, one per request answered, however many
-    /// commands it held) per message: (a3)'s and (c)'s, summed over the rounds.
+    /// Redis reply writes (`total_writes_processed`: one per client per event-loop turn, so a
+    /// pipeline, or requests multiplexed on one connection, count once) per message: (a3)'s and (c)'s, summed over the rounds.
     a3_requests: f64,
     c_requests: f64,
 }
@@ -97,8 +97,8 @@ fn last(s: &Sides, side: &str) -> f64 {
     runs.last().copied().unwrap_or(0.0)
 }
 
-/// Redis's `total_writes_processed` (INFO stats): reply writes, about one per request whatever
-/// the number of commands a pipeline held (commandstats counts commands, not requests).
+/// Redis's `total_writes_processed` (INFO stats): reply writes, one per client per event-loop
+/// turn however many commands it answered (commandstats counts commands, not round trips).
 async fn replies_written(bench: &Bench) -> f64 {
     let info: String = redis::cmd("INFO")
         .arg("stats")
@@ -164,7 +164,7 @@ fn figures(report: &mut Report, bench: &Bench, s: &Sides, pairs: usize, shape: R
     );
     let rounds = pairs.max(1) as f64;
     report.note(format!(
-        "Redis requests per message (reply writes, server-wide): (a3) {:.2}, (c) {:.2}",
+        "Redis reply writes per message (server-wide, cleanup included): (a3) {:.2}, (c) {:.2}",
         s.a3_requests / rounds,
         s.c_requests / rounds
     ));
