@@ -231,7 +231,8 @@ fn steps(
     let current = rules.current();
     let held = Held::new(denials.pool().clone());
     Arc::new(Steps {
-        marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs),
+        marks: DispatchMarks::new(redis, &settings.namespace, settings.worker.dedup_ttl_secs)
+            .batched(),
         denials: DenialWriter::spawn(
             denials,
             settings.worker.denial_batch_size,

@@ -34,12 +34,29 @@ pub struct Args {
     /// [`crate::relay::RELAY_PREFETCH`]; at the worker's own prefetch it shows how much of (c)'s
     /// distance to (a2) is the window alone.
     pub relay_prefetch: usize,
+    /// `--relay-shapes-short ROUNDS`: only (a2) in the shapes of
+    /// [`crate::relay::RelayShape::short_list`], alternating; when set it is the only thing run.
+    pub relay_shapes_short: usize,
+    /// `--relay-shape K`: (a2) in the K-th shape (from 1) of the short list instead of
+    /// [`crate::relay::RelayShape::CEILING`].
+    pub relay_shape: usize,
+    /// `--series PAIRS`: issue 39's series alone (`phases::series`).
+    pub series: usize,
 }
 
 impl Args {
     /// `--relay-prefetch`, checked by [`parse`] to fit a prefetch.
     pub fn relay_prefetch(&self) -> u16 {
         u16::try_from(self.relay_prefetch).unwrap_or(u16::MAX)
+    }
+
+    /// The shape (a2) runs in: `--relay-shape K` of the short list, else the default ceiling.
+    pub fn relay_shape(&self) -> crate::relay::RelayShape {
+        let prefetch = self.relay_prefetch();
+        match self.relay_shape {
+            0 => crate::relay::RelayShape::ceiling_at(prefetch),
+            k => crate::relay::RelayShape::short_list(prefetch)[k - 1],
+        }
     }
 }
 
@@ -64,6 +81,9 @@ pub fn parse() -> Args {
         latency_rate: 0,
         end_to_end_only: 0,
         relay_prefetch: crate::relay::RELAY_PREFETCH as usize,
+        relay_shapes_short: 0,
+        relay_shape: 0,
+        series: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -86,6 +106,9 @@ pub fn parse() -> Args {
             "--latency-rate" => &mut out.latency_rate,
             "--end-to-end-only" => &mut out.end_to_end_only,
             "--relay-prefetch" => &mut out.relay_prefetch,
+            "--relay-shapes-short" => &mut out.relay_shapes_short,
+            "--relay-shape" => &mut out.relay_shape,
+            "--series" => &mut out.series,
             "--bench" => continue,
             other => {
                 eprintln!(
@@ -93,7 +116,8 @@ pub fn parse() -> Args {
                      --in-flight --messages --recipients --small-recipients --pool-decisions \
                      --sample --hot-recipients --hot-decisions --worker-prefetch \
                      --latency-seconds --relay-shapes --decision-phases-only --latency-rate \
-                     --end-to-end-only --relay-prefetch (each takes a whole number)"
+                     --end-to-end-only --relay-prefetch --relay-shapes-short --relay-shape \
+                     --series (each takes a whole number)"
                 );
                 std::process::exit(2)
             }
@@ -118,6 +142,11 @@ pub fn parse() -> Args {
     out.pool_decisions = (out.pool_decisions.min(cap) / round).max(1) * round;
     // Each side of (f) decides in SLICES equal slices.
     out.hot_decisions = out.hot_decisions.div_ceil(SLICES) * SLICES;
+    let shapes = crate::relay::RelayShape::short_list(crate::relay::RELAY_PREFETCH).len();
+    if out.relay_shape > shapes {
+        eprintln!("--relay-shape takes 1 to {shapes}");
+        std::process::exit(2)
+    }
     for (flag, value) in [
         ("--worker-prefetch", out.worker_prefetch),
         ("--relay-prefetch", out.relay_prefetch),

@@ -50,11 +50,13 @@
 //! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]
 //! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]
 //! [--relay-shapes ROUNDS] [--decision-phases-only 1] [--end-to-end-only 1] [--latency-rate R]
-//! [--relay-prefetch N]`
+//! [--relay-prefetch N] [--relay-shapes-short ROUNDS] [--relay-shape K] [--series PAIRS]`
 //! (`--relay-shapes` runs only (a2) in every shape the relay can take, alternating, to choose
 //! the ceiling's, see `relay`; `--decision-phases-only` runs the warm-up, (a1) and (b) alone:
 //! no broker, no worker; `--end-to-end-only` runs (a2), (c) and (d) alone; `--latency-rate`
-//! runs (g) alone at R msgs/s)
+//! runs (g) alone at R msgs/s; `--relay-shapes-short` compares only the short list of relay
+//! shapes, `--relay-shape K` runs (a2) in the K-th of them; `--series` runs issue 39's series,
+//! see `phases::series`, with (a3) the work relay of `phases::work_relay`)
 //! (cargo runs the bench executable as `perf-HASH --bench ARGS`; it can be run so directly).
 //!
 //! Layout: `main` parses the flags, runs the phases in this order: warm-up, (a1) with (b), (a2)
@@ -117,8 +119,15 @@ async fn main() {
     eprintln!("perf: worker binary {}, {}", worker.bin, worker.describe());
     let mut report = Report::default();
     let mut bench = Bench::open(args.clone()).await;
-    if args.relay_shapes > 0 {
-        phases::end_to_end::compare_relay_shapes(&bench, args.relay_shapes).await;
+    if args.relay_shapes > 0 || args.relay_shapes_short > 0 {
+        phases::end_to_end::compare_relay_shapes(&bench).await;
+        return;
+    }
+    if args.series > 0 {
+        // Issue 39's series: (a2), (a3), (c) alternating, then the floors (benches/perf/issue39.sh).
+        phases::series::run(&bench, &worker, args.series, &mut report).await;
+        drop(bench);
+        report.print(&args, &worker, started.elapsed());
         return;
     }
     if args.latency_rate > 0 {

@@ -104,6 +104,40 @@ pub async fn spawn_each<F>(
     .await
 }
 
+/// Takes `n` deliveries from `consumer` and spawns `each(delivery)` for each, as a plain
+/// program does: the loop only takes deliveries, each task counts itself done, and the last
+/// one wakes the loop. Returns once all `n` have finished, with progress under `label`.
+pub async fn spawn_detached<F>(
+    consumer: &mut lapin::Consumer,
+    n: usize,
+    label: &str,
+    mut each: impl FnMut(lapin::message::Delivery) -> F,
+) where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let all_done = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut progress = Progress::new(label, n);
+    for _ in 0..n {
+        let delivery = consumer
+            .next()
+            .await
+            .expect("consumer ended")
+            .expect("delivery");
+        let task = each(delivery);
+        let (done, all_done) = (done.clone(), all_done.clone());
+        tokio::spawn(async move {
+            task.await;
+            if done.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1 == n {
+                all_done.notify_one();
+            }
+        });
+        progress.add(1);
+    }
+    // `notify_one` keeps a permit when nobody waits yet, so the last task's wake-up is not lost.
+    all_done.notified().await;
+}
+
 /// Takes `n` deliveries from `consumer` and polls `each(delivery)` for each on this task,
 /// beside the consumer: no task per delivery, and every wake-up from lapin's I/O thread lands
 /// on one task. Returns once all `n` have finished, with progress under `label`.

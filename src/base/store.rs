@@ -504,6 +504,15 @@ impl ReplicaWait {
         pipe.cmd("WAIT").arg(self.replicas).arg(self.timeout_ms);
     }
 
+    /// [`ReplicaWait::check`] of `WAIT`'s reply in a pipeline's replies (its last), which is
+    /// a count of replicas; anything else counts as none.
+    pub fn check_reply(self, reply: Option<&Value>) {
+        self.check(match reply {
+            Some(Value::Int(n)) => *n,
+            _ => 0,
+        });
+    }
+
     /// Notes `WAIT`'s reply, the replicas that acknowledged: fewer than asked for is counted
     /// and logged, and the decision stands (it is on the master; failing it now would make
     /// the retry count the message twice).

@@ -13,14 +13,15 @@
 //! one round trip; and the deny cache can read every mark of a recipient at once, which keeps
 //! its answers exact for redeliveries of dispatched messages.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::base::store::RedisConn;
-use crate::decide::keys::{self, recipient_sent_key, sent_key};
+use crate::decide::keys::{self, recipient_sent_key};
+use crate::decide::mark_batch::{MarkBatch, MarkCommands};
 use crate::request::message::SendRequest;
 use crate::rules::policy::ScopeValue;
 
@@ -30,20 +31,15 @@ const MARK_ATTEMPTS: u32 = 12;
 const MARK_RETRY_FIRST: Duration = Duration::from_millis(50);
 const MARK_RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// One mark in this many also drops the expired marks of its recipient's set. Expired marks
-/// are harmless where they stay (readers compare a mark's expiry with their now, and the set
-/// expires whole after its newest mark), so they are only removed to bound the set of a
-/// recipient who keeps receiving messages: dropping them on every mark cost Redis a third
-/// command per dispatch.
-pub const PRUNE_EVERY: u64 = 8;
+pub use crate::decide::mark_batch::PRUNE_EVERY;
 
 /// Writes dispatch marks, each kept for a configured time.
 #[derive(Clone)]
 pub struct DispatchMarks {
     conn: RedisConn,
-    namespace: String,
-    ttl_ms: i64,
-    written: Arc<AtomicU64>,
+    commands: MarkCommands,
+    /// Set by [`DispatchMarks::batched`]: confirmed messages' marks go through it together.
+    batch: Option<MarkBatch>,
 }
 
 impl DispatchMarks {
@@ -51,9 +47,24 @@ impl DispatchMarks {
     pub fn new(conn: RedisConn, namespace: &str, ttl_secs: u64) -> DispatchMarks {
         DispatchMarks {
             conn,
-            namespace: namespace.to_owned(),
-            ttl_ms: i64::try_from(ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
-            written: Arc::new(AtomicU64::new(0)),
+            commands: MarkCommands {
+                namespace: namespace.to_owned(),
+                ttl_ms: i64::try_from(ttl_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
+                written: Arc::new(AtomicU64::new(0)),
+            },
+            batch: None,
+        }
+    }
+
+    /// These marks, with [`DispatchMarks::mark_dispatched`] writing the marks of messages
+    /// confirmed close together as one pipeline (per slot on a cluster) rather than one
+    /// request each ([`crate::decide::mark_batch`]). Starts the batch writer on the current
+    /// runtime; it ends when the last clone is dropped.
+    pub fn batched(self) -> DispatchMarks {
+        let batch = MarkBatch::spawn(self.conn.clone(), self.commands.clone());
+        DispatchMarks {
+            batch: Some(batch),
+            ..self
         }
     }
 
@@ -65,7 +76,7 @@ impl DispatchMarks {
         message: &SendRequest,
         now: DateTime<Utc>,
     ) -> redis::RedisResult<bool> {
-        is_marked(&self.conn, &self.namespace, message, now).await
+        is_marked(&self.conn, &self.commands.namespace, message, now).await
     }
 
     /// Records that `message_id`, for `recipient`, was dispatched at `now`, and drops its
@@ -78,45 +89,41 @@ impl DispatchMarks {
         now: DateTime<Utc>,
     ) -> redis::RedisResult<()> {
         let tag = keys::scope_tag(&ScopeValue::Recipient(recipient));
-        let key = sent_key(&self.namespace, &tag);
-        let now_ms = now.timestamp_millis();
         // One round trip; not atomic, and need not be: each command is right on its own. The
-        // mark supersedes the delivery's in-flight claim (any copy is a duplicate now). The
         // replies are read into `()`, which takes them all, rather than marked `ignore()`: a
         // pipeline keeps its ignored commands in a hash set, a hashed insert per command.
         let mut pipe = redis::pipe();
-        pipe.zadd(&key, message_id, now_ms.saturating_add(self.ttl_ms))
-            .hdel(keys::claims_key(&self.namespace, &tag), message_id);
-        if self
-            .written
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(PRUNE_EVERY)
-        {
-            pipe.zrembyscore(&key, "-inf", now_ms);
-        }
-        pipe.pexpire(&key, self.ttl_ms);
+        self.commands
+            .add(&mut pipe, &tag, message_id, now.timestamp_millis());
         let Some(wait) = self.conn.replica_wait() else {
             return pipe.exec_async(&mut self.conn.clone()).await;
         };
         wait.append_to(&mut pipe);
         let replies: Vec<redis::Value> = pipe.query_async(&mut self.conn.clone()).await?;
-        let acknowledged = replies.last().and_then(|v| match v {
-            redis::Value::Int(n) => Some(*n),
-            _ => None,
-        });
-        wait.check(acknowledged.unwrap_or(0));
+        wait.check_reply(replies.last());
         Ok(())
     }
+
     /// Writes the dispatch mark of a message the broker has confirmed. A failed write (Redis
     /// restarting, say) is retried here rather than by handling the message again: the quota
     /// already holds the id, so handling it again would dispatch it a second time. Gives up
     /// after about 13 s; the message then goes back to the queue and may be dispatched again,
-    /// as after a crash in the same window.
+    /// as after a crash in the same window. When batched, the mark first goes with the others
+    /// confirmed meanwhile; only a mark that batch did not write takes the retries here.
     pub async fn mark_dispatched(
         &self,
         message: &SendRequest,
         now: DateTime<Utc>,
     ) -> redis::RedisResult<()> {
+        if let Some(batch) = &self.batch {
+            let tag = keys::scope_tag(&ScopeValue::Recipient(&message.recipient));
+            if batch
+                .mark(tag, message.id.clone(), now.timestamp_millis())
+                .await
+            {
+                return Ok(());
+            }
+        }
         let mut wait = MARK_RETRY_FIRST;
         for _ in 1..MARK_ATTEMPTS {
             match self.mark(&message.recipient, &message.id, now).await {

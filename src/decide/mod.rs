@@ -8,4 +8,5 @@ pub mod dedup;
 pub mod deny_cache;
 pub mod keys;
 pub mod limiter;
+pub mod mark_batch;
 pub mod outcome;

@@ -40,7 +40,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, report: &mut Report) -> f
     let m = bench.args.messages;
     let bodies = bodies(m);
     let relay_env = TestEnv::with_queue_type("", QueueType::Quorum).await;
-    let shape = RelayShape::ceiling_at(bench.args.relay_prefetch());
+    let shape = bench.args.relay_shape();
     let mut a2 = Tally::default();
     let (first_relay, returned_first, extra_first) =
         relay_run(&relay_env, &bodies, procs, &mut a2, shape).await;
@@ -294,7 +294,8 @@ async fn wait_for_outcomes(env: &TestEnv, n: usize) {
             Instant::now() < deadline,
             "only {done}/{n} messages have an outcome after 300 s"
         );
-        progress.add(done - progress.done);
+        // The estimate can run ahead of the exact count taken near the end: never backwards.
+        progress.add(done.saturating_sub(progress.done));
         // Close to the end the poll is frequent, so the end is seen a few ms late at most.
         let nearly = done.saturating_mul(10) >= n.saturating_mul(9);
         tokio::time::sleep(Duration::from_millis(if nearly { 2 } else { 20 })).await;
@@ -345,9 +346,9 @@ async fn outcomes(env: &TestEnv, n: usize) -> usize {
     dispatched + env.denial_rows().await as usize
 }
 
-struct EndToEnd {
+pub(super) struct EndToEnd {
     /// From the worker's spawn to the last outcome.
-    elapsed: Duration,
+    pub(super) elapsed: Duration,
     /// From the worker's spawn to its first ready answer on `/readyz`.
     ready: Duration,
     /// Each run's rate from spawn, msgs/s.
@@ -421,7 +422,7 @@ fn mean_by_name(a: Vec<(String, f64, f64)>, b: Vec<(String, f64, f64)>) -> Vec<(
 
 /// (c) once: a fresh namespace, the bodies queued, the worker binary run over them until each
 /// has its outcome, the namespace's keys purged.
-async fn worker_run(
+pub(super) async fn worker_run(
     bodies: &[Vec<u8>],
     procs: &Procs,
     tally: &mut Tally,
@@ -435,9 +436,18 @@ async fn worker_run(
 }
 
 /// `--relay-shapes ROUNDS`: (a2) in every [`RelayShape`], `rounds` alternating rounds, each
-/// shape's rates and median printed: how [`RelayShape::CEILING`] was chosen.
-pub async fn compare_relay_shapes(bench: &Bench, rounds: usize) {
-    let shapes = RelayShape::all(bench.args.relay_prefetch());
+/// shape's rates and median printed with the winner: how [`RelayShape::CEILING`] was chosen.
+/// `--relay-shapes-short ROUNDS`: the same over [`RelayShape::short_list`] only.
+pub async fn compare_relay_shapes(bench: &Bench) {
+    let prefetch = bench.args.relay_prefetch();
+    let (shapes, rounds) = if bench.args.relay_shapes_short > 0 {
+        (
+            RelayShape::short_list(prefetch),
+            bench.args.relay_shapes_short,
+        )
+    } else {
+        (RelayShape::all(prefetch), bench.args.relay_shapes)
+    };
     let bodies = bodies(bench.args.messages);
     let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
     let mut rates = vec![Vec::new(); shapes.len()];
@@ -458,17 +468,28 @@ pub async fn compare_relay_shapes(bench: &Bench, rounds: usize) {
         "(a2) relay shapes, {} messages a run, {rounds} alternating rounds:",
         bodies.len()
     );
-    for (shape, mut r) in shapes.into_iter().zip(rates) {
+    let mut best = (0.0, 0);
+    for (i, (shape, mut r)) in shapes.iter().zip(rates).enumerate() {
         let runs = r
             .iter()
             .map(|x| format!("{x:.0}"))
             .collect::<Vec<_>>()
             .join(" / ");
         r.sort_by(f64::total_cmp);
+        let median = r[r.len() / 2];
+        if median > best.0 {
+            best = (median, i);
+        }
         println!(
-            "  median {:>6.0} msgs/s  ({runs})  {}",
-            r[r.len() / 2],
+            "  {:>2}. median {median:>6.0} msgs/s  ({runs})  {}",
+            i + 1,
             shape.describe()
         );
     }
+    println!(
+        "fastest: {}. at {:.0} msgs/s: {}",
+        best.1 + 1,
+        best.0,
+        shapes[best.1].describe()
+    );
 }

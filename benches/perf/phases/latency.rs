@@ -38,7 +38,7 @@ pub async fn run(
 ) {
     let (procs, seconds) = (&bench.procs, bench.args.latency_seconds);
     let mut g_relay = Tally::default();
-    let shape = RelayShape::ceiling_at(bench.args.relay_prefetch());
+    let shape = bench.args.relay_shape();
     let floor = latency_run(Hop::Relay(shape), rate, seconds, procs, &mut g_relay).await;
     report.cpu(procs, "g relay at half (c)'s rate, paced", &g_relay);
     let mut g = Tally::default();

@@ -10,6 +10,8 @@ pub mod floor;
 pub mod hot;
 pub mod latency;
 pub mod scale;
+pub mod series;
+pub mod work_relay;
 
 use std::sync::Arc;
 
