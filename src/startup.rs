@@ -108,7 +108,7 @@ pub async fn run(
         };
         serve_admin(settings, ops, stop.clone()).await?;
     }
-    let names = Names::new(&settings.namespace);
+    let names = Names::with_shards(&settings.namespace, settings.intake.shards);
     let traces = start_traces(settings, &names)?;
     let rollup = Rollup::start(&denials, &clock);
     let steps = steps(settings, redis, denials, held, names, failpoint, &rules);
@@ -319,7 +319,7 @@ async fn serve_admin(
         ops,
         console: Arc::new(Console::new(
             settings.amqp.clone(),
-            Names::new(&settings.namespace),
+            Names::with_shards(&settings.namespace, settings.intake.shards),
         )),
     };
     let listen = &settings.admin.listen;

@@ -189,7 +189,7 @@ pub(super) async fn replay(
     if args.dry_run {
         return dry_run(&store, &options, now).await;
     }
-    let names = Names::new(&settings.namespace);
+    let names = Names::with_shards(&settings.namespace, settings.intake.shards);
     let (connection, publisher) = open_publisher(settings, &names, "sendquota-replay").await?;
     let bar = progress_bar(args.limit);
     let result = crate::ops::replay::replay(

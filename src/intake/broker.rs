@@ -8,7 +8,10 @@
 //! - queue `<ns>.quarantine`: valid requests a service refuses for good (poison), with the
 //!   reason, attempts and errors in headers, until `sendquota quarantine replay`;
 //! - queues `<ns>.delay.<ms>`: delayed messages wait there for a fixed TTL and are
-//!   dead-lettered back to `<ns>.requests`.
+//!   dead-lettered back to `<ns>.requests`;
+//! - with `intake.shards = N > 1`, the exchange `<ns>.requests` feeds a consistent-hash
+//!   exchange over N single-active-consumer queues instead of the queue `<ns>.requests`
+//!   (`shards`).
 //!
 //! Declarations are idempotent, so every worker declares everything at start, and again
 //! when a publish to one of its queues comes back unroutable (an operator deleted it).
@@ -74,6 +77,19 @@ pub enum BrokerError {
     /// The TLS certificate files could not be used.
     #[error("rabbitmq: {0}")]
     Tls(#[from] crate::base::tls::TlsError),
+    /// The broker refused to declare the consistent-hash exchange `intake.shards` > 1 needs:
+    /// almost always its plugin is not enabled.
+    #[error(
+        "rabbitmq cannot declare the x-consistent-hash exchange {exchange:?} that intake.shards > 1 \
+         needs: is the plugin rabbitmq_consistent_hash_exchange enabled? \
+         (rabbitmq-plugins enable rabbitmq_consistent_hash_exchange) ({source})"
+    )]
+    NoHashExchange {
+        /// The exchange.
+        exchange: String,
+        /// The broker's refusal.
+        source: lapin::Error,
+    },
     /// The broker refused the message (publisher confirm nack).
     #[error("rabbitmq refused the message published to {exchange:?}")]
     Nacked {
@@ -184,6 +200,8 @@ pub struct Names {
     pub quarantine: String,
     /// The namespace every name starts with, for log lines.
     pub namespace: String,
+    /// Request shards (`intake.shards`): 1 is the one requests queue.
+    pub shards: u16,
 }
 
 impl Names {
@@ -195,7 +213,36 @@ impl Names {
             invalid: format!("{namespace}.invalid"),
             quarantine: format!("{namespace}.quarantine"),
             namespace: namespace.to_owned(),
+            shards: 1,
         }
+    }
+
+    /// The names for `namespace` with `shards` request shards (`intake.shards`): what every
+    /// process that declares the topology must use, so that none binds the one requests queue
+    /// again beside the shards.
+    pub fn with_shards(namespace: &str, shards: u16) -> Names {
+        Names {
+            shards: shards.max(1),
+            ..Names::new(namespace)
+        }
+    }
+
+    /// The consistent-hash exchange the requests exchange feeds when sharded.
+    pub fn shard_exchange(&self) -> String {
+        format!("{}.shards", self.requests)
+    }
+
+    /// The queue of shard `index` (0-based).
+    pub fn shard_queue(&self, index: u16) -> String {
+        format!("{}.{index}", self.requests)
+    }
+
+    /// The queues workers consume requests from: the one requests queue, or every shard's.
+    pub fn intake_queues(&self) -> Vec<String> {
+        if self.shards <= 1 {
+            return vec![self.requests.clone()];
+        }
+        (0..self.shards).map(|i| self.shard_queue(i)).collect()
     }
 
     /// The delay queue holding messages for `ttl_ms`.
@@ -219,6 +266,7 @@ impl Names {
             return exchange == self.requests;
         }
         self.queues().contains(&routing_key)
+            || (self.shards > 1 && (0..self.shards).any(|i| self.shard_queue(i) == routing_key))
             || DELAY_TIERS_MS
                 .iter()
                 .any(|&ttl| self.delay_queue(ttl) == routing_key)
@@ -313,17 +361,21 @@ pub async fn declare(
         )
         .await?;
     }
-    timed(
-        "queue.bind",
-        channel.queue_bind(
-            short(&names.requests)?,
-            short(&names.requests)?,
-            "".into(),
-            QueueBindOptions::default(),
-            none(),
-        ),
-    )
-    .await?;
+    if names.shards > 1 {
+        crate::intake::shards::declare(channel, names, queue_type).await?;
+    } else {
+        timed(
+            "queue.bind",
+            channel.queue_bind(
+                short(&names.requests)?,
+                short(&names.requests)?,
+                "".into(),
+                QueueBindOptions::default(),
+                none(),
+            ),
+        )
+        .await?;
+    }
     for ttl in DELAY_TIERS_MS {
         // Classic queues: every message in one has the same TTL, so they expire in order.
         let mut args = queue_args(QueueType::Classic);

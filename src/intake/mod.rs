@@ -5,4 +5,5 @@ pub mod broker;
 pub mod confirms;
 pub mod publisher;
 pub mod sequence;
+pub mod shards;
 pub mod worker;
