@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sendquota::clock::ManualClock;
+use support::private::PrivateRabbit;
 use support::process::Running;
 use support::{fixtures::policy, local, request, TestEnv, OUTCOME_TIMEOUT};
 
@@ -166,4 +167,29 @@ async fn wait_until(env: &TestEnv, what: &str, done: impl Fn(&[u32]) -> bool) {
         assert!(Instant::now() < deadline, "{what}: {counts:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A broker without the `rabbitmq_consistent_hash_exchange` plugin (a private node, whose
+/// plugins file enables none) cannot hold the shards: a sharded worker stops at start with
+/// exit 1 and a line naming the plugin and how to enable it.
+#[tokio::test]
+async fn a_sharded_worker_on_a_broker_without_the_plugin_stops_at_start_naming_it() {
+    let rabbit = tokio::task::spawn_blocking(PrivateRabbit::start)
+        .await
+        .expect("start a private rabbitmq");
+    let env = TestEnv::new().await;
+    let mut cmd = env.cli_with(&sharded(), &["worker"]);
+    cmd.env("SENDQUOTA_AMQP_URL", rabbit.url());
+    let run = tokio::task::spawn_blocking(move || {
+        support::process::run_for(cmd, None, Duration::from_secs(60))
+    })
+    .await
+    .expect("the worker ran");
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr
+            .contains("rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"),
+        "{}",
+        run.stderr
+    );
 }
