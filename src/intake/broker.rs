@@ -361,21 +361,7 @@ pub async fn declare(
         )
         .await?;
     }
-    if names.shards > 1 {
-        crate::intake::shards::declare(channel, names, queue_type).await?;
-    } else {
-        timed(
-            "queue.bind",
-            channel.queue_bind(
-                short(&names.requests)?,
-                short(&names.requests)?,
-                "".into(),
-                QueueBindOptions::default(),
-                none(),
-            ),
-        )
-        .await?;
-    }
+    route_requests(channel, names, queue_type).await?;
     for ttl in DELAY_TIERS_MS {
         // Classic queues: every message in one has the same TTL, so they expire in order.
         let mut args = queue_args(QueueType::Classic);
@@ -390,6 +376,29 @@ pub async fn declare(
         )
         .await?;
     }
+    Ok(())
+}
+
+/// Binds the requests queue to the requests exchange, or with shards the shards instead.
+async fn route_requests(
+    channel: &Channel,
+    names: &Names,
+    queue_type: QueueType,
+) -> Result<(), BrokerError> {
+    if names.shards > 1 {
+        return crate::intake::shards::declare(channel, names, queue_type).await;
+    }
+    timed(
+        "queue.bind",
+        channel.queue_bind(
+            short(&names.requests)?,
+            short(&names.requests)?,
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await?;
     Ok(())
 }
 
