@@ -2,7 +2,9 @@
 //! them (headline rule, two messages per recipient on one day, so half are dispatched and half
 //! denied) and the run ends when every message has an outcome.
 //!
-//! `cargo bench --bench throughput -- [--messages N] [--queue-type quorum|classic]`
+//! `cargo bench --bench throughput -- [--messages N] [--queue-type quorum|classic] [--shards N]
+//! [--workers W]`: `--shards` sets `intake.shards` (every request carries the recipient header
+//! either way), `--workers` runs W workers in this process (default 1).
 
 #[path = "../tests/it/support/mod.rs"]
 #[allow(dead_code)] // Each bench uses a part of the tests' harness.
@@ -14,27 +16,36 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use sendquota::clock::ManualClock;
 use sendquota::config::QueueType;
+use sendquota::internals::broker;
 use support::{request, TestEnv};
 
 struct Args {
     messages: usize,
     queue_type: QueueType,
+    shards: u16,
+    workers: usize,
+}
+
+fn number<T: std::str::FromStr>(value: Option<String>, name: &str) -> T {
+    value.and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        eprintln!("{name} takes a whole number");
+        std::process::exit(2)
+    })
 }
 
 fn args() -> Args {
     let mut out = Args {
         messages: 20_000,
         queue_type: QueueType::Quorum,
+        shards: 1,
+        workers: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--messages" => {
-                out.messages = it.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-                    eprintln!("--messages takes a whole number");
-                    std::process::exit(2)
-                })
-            }
+            "--messages" => out.messages = number(it.next(), "--messages"),
+            "--shards" => out.shards = number(it.next(), "--shards"),
+            "--workers" => out.workers = number(it.next(), "--workers"),
             "--queue-type" => {
                 out.queue_type = match it.next().as_deref() {
                     Some("quorum") => QueueType::Quorum,
@@ -73,21 +84,25 @@ async fn queued(env: &TestEnv, queue: &str) -> u32 {
 #[tokio::main]
 async fn main() {
     let args = args();
-    let mut env = TestEnv::with_queue_type("", args.queue_type).await;
+    let config = format!("[intake]\nshards = {}\n", args.shards);
+    let mut env = TestEnv::with_queue_type(&config, args.queue_type).await;
     let n = args.messages;
     eprintln!("queueing {n} requests ({:?} queue)", args.queue_type);
-    let bodies: Vec<Vec<u8>> = (0..n)
+    let bodies: Vec<(Vec<u8>, String)> = (0..n)
         .map(|i| {
-            request(&format!("m{i}"), &format!("r{}", i / 2), "UTC")
-                .to_string()
-                .into_bytes()
+            let recipient = format!("r{}", i / 2);
+            let body = request(&format!("m{i}"), &recipient, "UTC");
+            (body.to_string().into_bytes(), recipient)
         })
         .collect();
     let publisher = env.publisher.clone();
     let requests = env.names.requests.clone();
     use futures_util::StreamExt;
     futures_util::stream::iter(bodies.iter())
-        .map(|b| publisher.publish(&requests, "", b, lapin::BasicProperties::default()))
+        .map(|(b, recipient)| {
+            let header = [(broker::RECIPIENT_HEADER, recipient.clone())];
+            publisher.publish(&requests, "", b, broker::json_properties(None, &header))
+        })
         .buffer_unordered(512)
         .for_each(|r| async move { r.expect("publish") })
         .await;
@@ -95,6 +110,19 @@ async fn main() {
     eprintln!("worker started");
     let started = Instant::now();
     env.start_worker(&clock);
+    let mut others = Vec::new();
+    for _ in 1..args.workers {
+        let (settings, clock) = (env.settings.clone(), std::sync::Arc::new(clock.clone()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(async move {
+            sendquota::startup::run(&settings, clock, None, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("worker runs");
+        });
+        others.push((stop, run));
+    }
     let mut last_report = Instant::now();
     loop {
         let done =
@@ -110,12 +138,19 @@ async fn main() {
     }
     let elapsed = started.elapsed();
     env.stop_worker().await;
+    for (stop, run) in others {
+        let _ = stop.send(());
+        let _ = run.await;
+    }
     let dispatched = queued(&env, &env.dispatched_queue).await;
     let denials = env.denial_rows().await;
     println!(
-        "{n} messages in {:.2} s: {:.0} msgs/s ({dispatched} dispatched, {denials} denied, {:?} queue)",
+        "{n} messages in {:.2} s: {:.0} msgs/s ({dispatched} dispatched, {denials} denied, \
+         {:?} queue, {} shards, {} workers)",
         elapsed.as_secs_f64(),
         n as f64 / elapsed.as_secs_f64(),
-        args.queue_type
+        args.queue_type,
+        args.shards,
+        args.workers
     );
 }

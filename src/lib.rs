@@ -67,6 +67,7 @@ pub mod internals {
     pub mod broker {
         pub use crate::intake::broker::*;
         pub use crate::intake::publisher::*;
+        pub use crate::intake::shards::RECIPIENT_HEADER;
     }
     /// The crate's `decide::claim`.
     pub mod claim {

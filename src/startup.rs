@@ -111,7 +111,7 @@ pub async fn run(
         };
         serve_admin(settings, ops, stop.clone()).await?;
     }
-    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
+    let names = Names::of_settings(settings);
     let traces = start_traces(settings, &names)?;
     let rollup = Rollup::start(&denials, &clock);
     let steps = steps(settings, redis, denials, names, failpoint, &rules);
@@ -327,7 +327,7 @@ async fn serve_admin(
         ops,
         console: Arc::new(Console::new(
             settings.amqp.clone(),
-            Names::of(&settings.namespace, settings.amqp.queue_type),
+            Names::of_settings(settings),
         )),
     };
     let listen = &settings.admin.listen;

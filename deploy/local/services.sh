@@ -59,11 +59,24 @@ ensure_postgres() {
 
 ensure_rabbitmq() {
   local h p; h=$(host_of "$AMQP_URL"); p=$(port_of "$AMQP_URL" 5672)
-  answers "$h" "$p" && return 0
-  install_pkg rabbitmq-server rabbitmq-server
-  echo "services.sh: starting rabbitmq-server" >&2
-  as_root rabbitmq-server -detached || true
-  wait_for rabbitmq "$h" "$p" 90
+  if ! answers "$h" "$p"; then
+    install_pkg rabbitmq-server rabbitmq-server
+    echo "services.sh: starting rabbitmq-server" >&2
+    as_root rabbitmq-server -detached || true
+    wait_for rabbitmq "$h" "$p" 90
+  fi
+  enable_hash_exchange "$h"
+}
+
+# `intake.shards` > 1 needs the consistent-hash exchange type (shipped with RabbitMQ, off by
+# default). Enabled online on a local broker; a remote one is its operator's to enable.
+enable_hash_exchange() {
+  case "$1" in 127.0.0.1 | localhost) ;; *) return 0 ;; esac
+  command -v rabbitmq-plugins >/dev/null || [ -x /usr/sbin/rabbitmq-plugins ] || return 0
+  as_root rabbitmq-plugins list -e 2>/dev/null | grep -q rabbitmq_consistent_hash_exchange && return 0
+  echo "services.sh: enabling rabbitmq_consistent_hash_exchange" >&2
+  as_root rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null \
+    || echo "services.sh: could not enable rabbitmq_consistent_hash_exchange (intake.shards > 1 needs it)" >&2
 }
 
 ensure_redis

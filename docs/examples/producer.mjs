@@ -37,6 +37,8 @@ function publish(request) {
     persistent: true,
     contentType: "application/json",
     messageId: request.id,
+    // What `intake.shards` hashes to keep a recipient's messages in order.
+    headers: { "sendquota-recipient": request.recipient },
   };
   return new Promise((resolve) => {
     // The requests exchange is a fanout: the routing key is not used.

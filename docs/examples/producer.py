@@ -44,8 +44,12 @@ def main() -> int:
             failed += 1
             continue
         body = json.dumps(request, ensure_ascii=False).encode("utf-8")
+        # sendquota-recipient: what `intake.shards` hashes to keep a recipient's order.
         properties = pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, message_id=request["id"]
+            content_type="application/json",
+            delivery_mode=2,
+            message_id=request["id"],
+            headers={"sendquota-recipient": request["recipient"]},
         )
         for attempt in range(1, ATTEMPTS + 1):
             try:

@@ -191,7 +191,7 @@ pub(super) async fn replay(
         return dry_run(&connect_reads(settings).await?, &options, now).await;
     }
     let store = connect_store(settings).await?;
-    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
+    let names = Names::of_settings(settings);
     let (connection, publisher) = open_publisher(settings, &names, "sendquota-replay").await?;
     let bar = progress_bar(args.limit);
     let result = crate::ops::replay::replay(

@@ -10,6 +10,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use super::{connect_store, open_publisher, service, shutdown_signal, CliError, QuarantineAction};
 use crate::base::config::Settings;
 use crate::intake::broker::{self, Names};
+use crate::intake::shards;
 use crate::request::message::SendRequest;
 
 /// Publishes in flight at once when `publish` sends a file: enough to hide the confirm round
@@ -36,15 +37,17 @@ pub(super) async fn publish(settings: &Settings, file: Option<PathBuf>) -> Resul
         }
         let request = SendRequest::decode(line.as_bytes(), settings.worker.max_body_bytes)
             .map_err(|e| CliError::Input(format!("line {}: {e}", index + 1)))?;
-        requests.push((request.id, line));
+        requests.push((request.id, request.recipient, line));
     }
-    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
+    let names = Names::of_settings(settings);
     let (connection, publisher) = open_publisher(settings, &names, "sendquota-publish").await?;
     let total = requests.len();
     let mut sent = 0usize;
     let mut confirms = futures_util::stream::iter(requests.iter())
-        .map(|(id, line)| {
-            let props = broker::json_properties(Some(id), &[]);
+        .map(|(id, recipient, line)| {
+            // The header the shards hash (docs/producers.md), set as every producer should.
+            let header = [(shards::RECIPIENT_HEADER, recipient.clone())];
+            let props = broker::json_properties(Some(id), &header);
             publisher.publish(&names.requests, "", line.as_bytes(), props)
         })
         .buffer_unordered(PUBLISH_IN_FLIGHT);
@@ -68,7 +71,7 @@ pub(super) async fn publish(settings: &Settings, file: Option<PathBuf>) -> Resul
 /// Prints what is dispatched with `routing_key` until SIGINT or SIGTERM (exit 0); the line on
 /// standard error says where it listens, so standard output holds only the JSON lines.
 pub(super) async fn tail(settings: &Settings, routing_key: &str) -> Result<(), CliError> {
-    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
+    let names = Names::of_settings(settings);
     let rabbitmq = |e: &dyn std::fmt::Display| service("rabbitmq")(e);
     let connection = broker::connect(&settings.amqp, "sendquota-tail")
         .await
@@ -97,7 +100,7 @@ pub(super) async fn quarantine(
     settings: &Settings,
     action: QuarantineAction,
 ) -> Result<(), CliError> {
-    let names = Names::of(&settings.namespace, settings.amqp.queue_type);
+    let names = Names::of_settings(settings);
     match action {
         QuarantineAction::List { limit } => {
             let listed = crate::ops::quarantine::list_held(&settings.amqp, &names, ROLE, limit)

@@ -10,6 +10,9 @@
 //! - queues `<ns>.delay.q.<ms>` (quorum, the default) or `<ns>.delay.<ms>` (classic):
 //!   delayed messages wait there for a fixed TTL and are dead-lettered back to
 //!   `<ns>.requests` (see `delays`).
+//! - with `intake.shards = N > 1`, the exchange `<ns>.requests` feeds a consistent-hash
+//!   exchange over N single-active-consumer queues instead of the queue `<ns>.requests`
+//!   (`shards`).
 //!
 //! Declarations are idempotent, so every worker declares everything at start, and again
 //! when a publish to one of its queues comes back unroutable (an operator deleted it).
@@ -76,6 +79,19 @@ pub enum BrokerError {
     /// The TLS certificate files could not be used.
     #[error("rabbitmq: {0}")]
     Tls(#[from] crate::base::tls::TlsError),
+    /// The broker refused to declare the consistent-hash exchange `intake.shards` > 1 needs:
+    /// almost always its plugin is not enabled.
+    #[error(
+        "rabbitmq cannot declare the x-consistent-hash exchange {exchange:?} that intake.shards > 1 \
+         needs: is the plugin rabbitmq_consistent_hash_exchange enabled? \
+         (rabbitmq-plugins enable rabbitmq_consistent_hash_exchange) ({source})"
+    )]
+    NoHashExchange {
+        /// The exchange.
+        exchange: String,
+        /// The broker's refusal.
+        source: lapin::Error,
+    },
     /// The broker refused the message (publisher confirm nack).
     #[error("rabbitmq refused the message published to {exchange:?}")]
     Nacked {
@@ -191,6 +207,8 @@ pub struct Names {
     pub namespace: String,
     /// The type of the delay queues, which their names tell apart (see [`Names::delay_queue`]).
     pub delay_type: QueueType,
+    /// Request shards (`intake.shards`): 1 is the one requests queue.
+    pub shards: u16,
 }
 
 impl Names {
@@ -210,7 +228,42 @@ impl Names {
             quarantine: format!("{namespace}.quarantine"),
             namespace: namespace.to_owned(),
             delay_type,
+            shards: 1,
         }
+    }
+
+    /// These names with `shards` request shards (`intake.shards`): what every process that
+    /// declares the topology must use, so that none binds the one requests queue again beside
+    /// the shards.
+    pub fn sharded(self, shards: u16) -> Names {
+        Names {
+            shards: shards.max(1),
+            ..self
+        }
+    }
+
+    /// The names of `settings`' namespace, delay queue type and shards: the worker's and every
+    /// command's.
+    pub fn of_settings(settings: &crate::base::config::Settings) -> Names {
+        Names::of(&settings.namespace, settings.amqp.queue_type).sharded(settings.intake.shards)
+    }
+
+    /// The consistent-hash exchange the requests exchange feeds when sharded.
+    pub fn shard_exchange(&self) -> String {
+        format!("{}.shards", self.requests)
+    }
+
+    /// The queue of shard `index` (0-based).
+    pub fn shard_queue(&self, index: u16) -> String {
+        format!("{}.{index}", self.requests)
+    }
+
+    /// The queues workers consume requests from: the one requests queue, or every shard's.
+    pub fn intake_queues(&self) -> Vec<String> {
+        if self.shards <= 1 {
+            return vec![self.requests.clone()];
+        }
+        (0..self.shards).map(|i| self.shard_queue(i)).collect()
     }
 
     /// The delay queue holding messages for `ttl_ms`: `<ns>.delay.q.<ms>` for quorum queues,
@@ -236,6 +289,7 @@ impl Names {
             return exchange == self.requests;
         }
         self.queues().contains(&routing_key)
+            || (self.shards > 1 && (0..self.shards).any(|i| self.shard_queue(i) == routing_key))
             || DELAY_TIERS_MS
                 .iter()
                 .any(|&ttl| self.delay_queue(ttl) == routing_key)
@@ -353,17 +407,7 @@ pub async fn declare(
         )
         .await?;
     }
-    timed(
-        "queue.bind",
-        channel.queue_bind(
-            short(&names.requests)?,
-            short(&names.requests)?,
-            "".into(),
-            QueueBindOptions::default(),
-            none(),
-        ),
-    )
-    .await?;
+    route_requests(channel, names, queue_type).await?;
     for ttl in DELAY_TIERS_MS {
         let args = super::delays::queue_args(names.delay_type, ttl, &names.requests);
         timed(
@@ -372,6 +416,29 @@ pub async fn declare(
         )
         .await?;
     }
+    Ok(())
+}
+
+/// Binds the requests queue to the requests exchange, or with shards the shards instead.
+async fn route_requests(
+    channel: &Channel,
+    names: &Names,
+    queue_type: QueueType,
+) -> Result<(), BrokerError> {
+    if names.shards > 1 {
+        return crate::intake::shards::declare(channel, names, queue_type).await;
+    }
+    timed(
+        "queue.bind",
+        channel.queue_bind(
+            short(&names.requests)?,
+            short(&names.requests)?,
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await?;
     Ok(())
 }
 

@@ -7,4 +7,5 @@ pub mod delays;
 pub mod nodes;
 pub mod publisher;
 pub mod sequence;
+pub mod shards;
 pub mod worker;

@@ -17,6 +17,7 @@ use lapin::BasicProperties;
 
 use crate::intake::broker::{self, BrokerError, Names};
 use crate::intake::publisher::Publisher;
+use crate::intake::shards;
 use crate::record::denials::{Denial, DenialError, DenialFilter, DenialStore};
 
 /// What to replay and how fast.
@@ -122,7 +123,11 @@ fn properties(denial: &Denial) -> BasicProperties {
             at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
         )
     });
-    let mut headers = vec![(broker::REPLAY_OF_HEADER, denial.id.to_string())];
+    // The recipient header too, so that with shards the replay goes to its recipient's shard.
+    let mut headers = vec![
+        (broker::REPLAY_OF_HEADER, denial.id.to_string()),
+        (shards::RECIPIENT_HEADER, denial.recipient.clone()),
+    ];
     headers.extend(deadline);
     broker::json_properties(Some(&denial.message_id), &headers)
 }

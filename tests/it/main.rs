@@ -49,6 +49,7 @@ mod rule_reload;
 mod security;
 mod send_windows;
 mod settings;
+mod shards;
 mod shutdown;
 mod tls;
 mod traces;

@@ -3,6 +3,7 @@
 //! override can set are checked here too, so a refusal names the variable it came from.
 
 use super::checks::MIN_TOKEN_CHARS;
+use super::IntakeSettings;
 use super::{redact_url, AdminToken, ConfigError, File, LogFormat, LogSettings, RecipientKey};
 use super::{RecipientLog, TelemetrySettings};
 use crate::base::tls::TlsFiles;
@@ -57,6 +58,26 @@ fn split_urls(urls: &str) -> Vec<String> {
         .filter(|u| !u.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+/// `SENDQUOTA_INTAKE_SHARDS` overrides `[intake] shards`, so a deployment can move from one
+/// queue to shards (docs/operations.md) by its environment; a value that is no number is
+/// refused here, naming the variable, and its range is checked with the file's.
+pub(super) fn apply_intake_env(
+    intake: &mut IntakeSettings,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    let Some(text) = env("SENDQUOTA_INTAKE_SHARDS") else {
+        return Ok(());
+    };
+    intake.shards = text.trim().parse().map_err(|_| {
+        ConfigError::Invalid(format!(
+            "SENDQUOTA_INTAKE_SHARDS \"{}\" is not a number of shards (1 to {})",
+            one_line(&text),
+            super::ranges::MAX_SHARDS
+        ))
+    })?;
+    Ok(())
 }
 
 /// `SENDQUOTA_<SERVICE>_TLS_CA_FILE`, `..._TLS_CLIENT_CERT_FILE` and `..._TLS_CLIENT_KEY_FILE`

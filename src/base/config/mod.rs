@@ -18,13 +18,14 @@ use serde::{Deserialize, Serialize};
 use crate::request::message::one_line;
 use crate::rules::policy::{Policy, PolicyError, RawRule};
 use checks::{check_admin, check_namespace, check_urls};
-use env::{apply_env, check_log, check_telemetry};
+use env::{apply_env, apply_intake_env, check_log, check_telemetry};
 use ranges::{check_ranges, numeric_value_at};
 pub use ranges::{NumericSetting, NUMERIC_SETTINGS};
 pub use sections::{
-    AdminSettings, AdminToken, AmqpSettings, DatabaseSettings, LogFormat, LogSettings, QueueType,
-    RecipientKey, RecipientLog, RedisSettings, TelemetrySettings, WorkerSettings, DEFAULT_AMQP_URL,
-    DEFAULT_DATABASE_URL, DEFAULT_MAX_DIGEST_BYTES, DEFAULT_NAMESPACE, DEFAULT_REDIS_URL,
+    AdminSettings, AdminToken, AmqpSettings, DatabaseSettings, IntakeSettings, LogFormat,
+    LogSettings, QueueType, RecipientKey, RecipientLog, RedisSettings, TelemetrySettings,
+    WorkerSettings, DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, DEFAULT_MAX_DIGEST_BYTES,
+    DEFAULT_NAMESPACE, DEFAULT_REDIS_URL,
 };
 
 /// Why the configuration was refused.
@@ -69,6 +70,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// RabbitMQ connection and topology.
     pub amqp: AmqpSettings,
+    /// How requests come in (one queue or ordered shards).
+    pub intake: IntakeSettings,
     /// Postgres connection.
     pub database: DatabaseSettings,
     /// Worker behaviour.
@@ -95,6 +98,8 @@ struct File {
     redis: RedisSettings,
     #[serde(default)]
     amqp: AmqpSettings,
+    #[serde(default)]
+    intake: IntakeSettings,
     #[serde(default)]
     database: DatabaseSettings,
     #[serde(default)]
@@ -145,6 +150,7 @@ impl Settings {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Settings, ConfigError> {
         apply_env(&mut file, &env);
+        apply_intake_env(&mut file.intake, &env)?;
         check_admin(&file.admin)?;
         check_log(&mut file.log, &env)?;
         check_telemetry(&mut file.telemetry, &env)?;
@@ -171,6 +177,7 @@ impl Settings {
             namespace,
             redis: file.redis,
             amqp: file.amqp,
+            intake: file.intake,
             database: file.database,
             worker: file.worker,
             admin: file.admin,
@@ -193,6 +200,7 @@ impl Settings {
             default_timezone: &'a str,
             redis: RedisSettings,
             amqp: AmqpSettings,
+            intake: &'a IntakeSettings,
             database: DatabaseSettings,
             worker: &'a WorkerSettings,
             admin: &'a AdminSettings,
@@ -214,6 +222,7 @@ impl Settings {
             default_timezone: self.policy.default_zone.name(),
             redis,
             amqp,
+            intake: &self.intake,
             database,
             worker: &self.worker,
             admin: &self.admin,

@@ -39,6 +39,10 @@ impl NumericSetting {
     }
 }
 
+/// Most request shards: each is a quorum queue with a consumer on every worker, so far more
+/// queues than workers only multiplies the broker's work; 64 leaves room to grow.
+pub(super) const MAX_SHARDS: u64 = 64;
+
 /// Ten minutes: the longest timeout or interval accepted. Longer ones only hide a failure (a
 /// wait that long is a service that is down), and bounds keep every duration far from what
 /// `Duration` and tokio's timers can hold.
@@ -48,7 +52,7 @@ const MAX_WAIT_MS: u64 = 600_000;
 const MAX_LONG_WAIT_MS: u64 = 3_600_000;
 
 /// Every numeric setting with its valid range, stated beside it in deploy/config.example.toml.
-pub const NUMERIC_SETTINGS: [NumericSetting; 21] = [
+pub const NUMERIC_SETTINGS: [NumericSetting; 22] = [
     // Below 100 ms a loaded but healthy Redis times out.
     NumericSetting {
         section: "redis",
@@ -81,6 +85,14 @@ pub const NUMERIC_SETTINGS: [NumericSetting; 21] = [
         min: 1,
         max: u16::MAX as u64,
         value: |s| u64::from(s.amqp.prefetch),
+    },
+    // 1 = the one requests queue, as before shards existed.
+    NumericSetting {
+        section: "intake",
+        key: "shards",
+        min: 1,
+        max: MAX_SHARDS,
+        value: |s| u64::from(s.intake.shards),
     },
     NumericSetting {
         section: "database",

@@ -191,6 +191,25 @@ impl AmqpSettings {
     }
 }
 
+/// How requests come in: one queue, or shards that keep each recipient's messages in order
+/// across workers.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IntakeSettings {
+    /// Request queues: 1 (the default) is one queue all workers share, where a recipient's
+    /// messages are decided in the order they arrive at the workers; N > 1 hashes each
+    /// message's recipient header to one of N single-active-consumer queues, so that with
+    /// several workers a recipient's messages are still decided in the order they were
+    /// published (docs/decisions.md, "Ordered intake across workers").
+    pub shards: u16,
+}
+
+impl Default for IntakeSettings {
+    fn default() -> Self {
+        IntakeSettings { shards: 1 }
+    }
+}
+
 /// RabbitMQ queue type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -9,15 +9,13 @@
 //! once and consumes it there, and the deliveries in flight finish beside and are acked on it.
 //! Each delivery is processed by a task of its own (`task`).
 
+mod intake;
 mod task;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::sync::{watch, Semaphore};
 use tracing::{error, info, warn};
@@ -34,6 +32,7 @@ use crate::intake::nodes;
 use crate::intake::publisher::Publisher;
 use crate::intake::sequence::Sequence;
 use crate::request::message::SendRequest;
+use intake::{Intake, Next};
 use task::{Task, Unrouted};
 
 /// Keeps the worker taking deliveries until `stop` turns true: one broker session after
@@ -163,7 +162,7 @@ async fn consume(
         .await?
         .healing(pipeline.steps.names.clone(), settings.amqp.queue_type);
     let channel = broker::timed("channel.open", consuming.create_channel()).await?;
-    let mut consumer = consume_requests(settings, &pipeline.steps.names, &channel).await?;
+    let mut consumer = Intake::start(settings, &pipeline.steps.names, &channel).await?;
     // The session's flusher publishes on the session's publisher, so it lives as long.
     let (flusher_stop, flusher_stopped) = watch::channel(false);
     let flusher = tokio::spawn(digest::flush_until_stopped(
@@ -177,10 +176,7 @@ async fn consume(
     let result = deliveries.receive(&mut consumer, health, stall, stop).await;
     // Deliveries the broker handed over that no task took: they go back when the channel
     // closes.
-    let mut untaken = 0;
-    while let Some(Some(Ok(_))) = consumer.next().now_or_never() {
-        untaken += 1;
-    }
+    let untaken = consumer.untaken();
     drop(consumer);
     // A flush under way finishes (its digest sent and marked, or left to the next one).
     let _ = flusher_stop.send(true);
@@ -245,7 +241,7 @@ impl<'s> Deliveries<'s> {
     /// the requests queue consumed again when the broker cancels the consumer.
     async fn receive(
         &self,
-        consumer: &mut lapin::Consumer,
+        consumer: &mut Intake,
         health: &Health,
         stall: bool,
         stop: &mut watch::Receiver<bool>,
@@ -257,6 +253,7 @@ impl<'s> Deliveries<'s> {
         ));
         watchdog.tick().await;
         let mut channel_check = tokio::time::interval(CHANNEL_CHECK);
+        let names = &self.pipeline.steps.names;
         let mut delivered = false;
         let mut publisher_down = false;
         loop {
@@ -267,22 +264,21 @@ impl<'s> Deliveries<'s> {
                 _ = channel_check.tick() => self.check_channels(&mut publisher_down)?,
                 _ = watchdog.tick() => {
                     // Idle is fine when the broker blocks publishing.
-                    if !std::mem::take(&mut delivered) && !paused {
+                    if !std::mem::take(&mut delivered) && !paused && consumer.watchable() {
                         self.check_not_idle().await?;
                     }
                 }
-                next = consumer.next(), if !stall && !paused => match next {
-                    Some(Ok(delivery)) => {
+                next = consumer.next(names, &self.channel), if !stall && !paused => match next {
+                    Next::Delivery(delivery) => {
                         delivered = true;
                         if !self.take(delivery, stop).await {
                             return Ok(());
                         }
                     }
-                    Some(Err(e)) => return Err(e.into()),
-                    None => {
+                    Next::Failed(e) => return Err(e.into()),
+                    Next::Ended(queue) => {
                         health.set_consuming(false);
-                        let names = &self.pipeline.steps.names;
-                        *consumer = consume_again(self.settings, names, &self.channel).await?;
+                        consume_again(consumer, self.settings, names, &self.channel, &queue).await?;
                         health.set_consuming(true);
                     }
                 },
@@ -397,50 +393,26 @@ impl Tally {
     }
 }
 
-/// Declares the topology on `channel` and starts consuming the requests queue there with the
-/// configured prefetch.
-async fn consume_requests(
-    settings: &Settings,
-    names: &Names,
-    channel: &Channel,
-) -> Result<lapin::Consumer, BrokerError> {
-    broker::declare(channel, names, settings.amqp.queue_type).await?;
-    broker::timed(
-        "basic.qos",
-        channel.basic_qos(settings.amqp.prefetch, BasicQosOptions::default()),
-    )
-    .await?;
-    let consumer = broker::timed(
-        "basic.consume",
-        channel.basic_consume(
-            broker::short(&names.requests)?,
-            "sendquota-worker".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        ),
-    )
-    .await?;
-    info!(queue = %names.requests, "consuming");
-    Ok(consumer)
-}
-
-/// After the consumer ended while its channel is still open (the broker cancels a consumer
-/// whose queue was deleted, and the messages waiting there went with it): declares the queue
-/// again and consumes it on the same channel, at once, so producers' messages have a queue
-/// again. The deliveries already taken finish beside the new consumer and are acked on this
-/// channel, the only one they can be acked on; their slots and the settler are the session's.
-/// Fails with [`BrokerError::ConsumerEnded`] when the channel is gone too: the session is lost.
+/// After the consumer of `queue` ended while its channel is still open (the broker cancels a
+/// consumer whose queue was deleted, and the messages waiting there went with it): declares the
+/// queue again and consumes it on the same channel, at once, so producers' messages have a
+/// queue again. The deliveries already taken finish beside the new consumer and are acked on
+/// this channel, the only one they can be acked on; their slots and the settler are the
+/// session's. Fails with [`BrokerError::ConsumerEnded`] when the channel is gone too: the
+/// session is lost.
 async fn consume_again(
+    consumer: &mut Intake,
     settings: &Settings,
     names: &Names,
     channel: &Channel,
-) -> Result<lapin::Consumer, BrokerError> {
+    queue: &str,
+) -> Result<(), BrokerError> {
     if !channel.status().connected() {
         return Err(BrokerError::ConsumerEnded);
     }
-    warn!(queue = %names.requests, "the broker cancelled the consumer (was the queue deleted?); \
+    warn!(%queue, "the broker cancelled the consumer (was the queue deleted?); \
         declaring it again while the deliveries in flight finish");
-    consume_requests(settings, names, channel).await
+    intake::consume_again(consumer, settings, names, channel, queue).await
 }
 
 /// The watchdog's check, for a consumer that received nothing for an interval while it had

@@ -46,6 +46,10 @@ pub struct Cleanup {
     namespace: String,
     database: String,
     cluster: bool,
+    /// The request shards the namespace was declared with, whose queues go too.
+    shards: u16,
+    /// The queue type the namespace was declared with, which names its delay queues.
+    queue_type: sendquota::config::QueueType,
     /// The sink queues [`TestEnv::sink`] declared: queues the worker's topology does not name.
     sinks: std::sync::Mutex<Vec<String>>,
 }
@@ -81,10 +85,12 @@ impl TestEnv {
         };
         let namespace = unique("sqt");
         let database = namespace.to_lowercase();
-        let guard = Cleanup {
+        let mut guard = Cleanup {
             namespace: namespace.clone(),
             database: database.clone(),
             cluster,
+            shards: 1,
+            queue_type,
             sinks: std::sync::Mutex::new(Vec::new()),
         };
         let admin = PgPoolOptions::new()
@@ -149,7 +155,8 @@ impl TestEnv {
             .await
             .unwrap_or_else(|e| unreachable(&e));
         let publisher = Publisher::open(&broker).await.expect("amqp publisher");
-        let names = Names::new(&namespace);
+        let names = Names::of(&namespace, queue_type).sharded(settings.intake.shards);
+        guard.shards = settings.intake.shards;
         broker::declare(&publisher.channel(), &names, settings.amqp.queue_type)
             .await
             .expect("declare topology");
@@ -208,7 +215,7 @@ impl Drop for Cleanup {
         let _ = std::fs::remove_file(cli_config_path(&self.namespace));
         let namespace = self.namespace.clone();
         let database = self.database.clone();
-        let names = Names::new(&namespace);
+        let names = Names::of(&namespace, self.queue_type).sharded(self.shards);
         let sinks = std::mem::take(self.sinks.get_mut().unwrap_or_else(|e| e.into_inner()));
         let cluster = self.cluster;
         // Cleanup needs async I/O but Drop is sync (and may run while panicking): do it on a
@@ -238,6 +245,9 @@ async fn cleanup(
                 names.invalid.clone(),
                 names.quarantine.clone(),
             ];
+            if names.shards > 1 {
+                queues.extend(names.intake_queues());
+            }
             queues.extend(sinks);
             queues.extend(DELAY_TIERS_MS.iter().map(|t| names.delay_queue(*t)));
             for q in queues {
@@ -245,7 +255,7 @@ async fn cleanup(
                     .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
                     .await;
             }
-            for x in [&names.requests, &names.dispatch] {
+            for x in [&names.requests, &names.dispatch, &names.shard_exchange()] {
                 let _ = ch
                     .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
                     .await;

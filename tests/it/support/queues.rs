@@ -81,6 +81,25 @@ impl TestEnv {
         self.publish_raw(request.to_string().as_bytes()).await;
     }
 
+    /// Publishes a JSON request with its recipient in the header the shards hash, as
+    /// docs/producers.md asks of producers.
+    pub async fn publish_keyed(&self, request: &serde_json::Value) {
+        let recipient = request["recipient"].as_str().expect("a recipient");
+        let properties = broker::json_properties(
+            request["id"].as_str(),
+            &[(broker::RECIPIENT_HEADER, recipient.to_owned())],
+        );
+        self.publisher
+            .publish(
+                &self.names.requests,
+                "",
+                request.to_string().as_bytes(),
+                properties,
+            )
+            .await
+            .expect("publish request");
+    }
+
     /// Publishes `n` headline requests `m0`, `m1`, ... two per recipient (`user-0`, `user-0`,
     /// `user-1`, ...): under the headline rule on one day, half are dispatched, half denied.
     pub async fn publish_two_per_recipient(&self, n: usize) {
