@@ -273,8 +273,8 @@ fn bad_config_files_exit_2_with_one_line_naming_the_problem() {
     assert_eq!(
         refused("colour = \"blue\"\n"),
         "sendquota: config file FILE: line 1: unknown field `colour`, expected one of \
-         `namespace`, `default_timezone`, `redis`, `amqp`, `database`, `worker`, `admin`, `log`, \
-         `telemetry`, `rules`\n"
+         `namespace`, `default_timezone`, `redis`, `amqp`, `intake`, `database`, `worker`, \
+         `admin`, `log`, `telemetry`, `rules`\n"
     );
 }
 

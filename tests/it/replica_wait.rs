@@ -94,10 +94,11 @@ async fn every_committing_call_waits_for_a_replica_when_asked_and_none_waits_by_
     // Stopped, the worker has written every mark (a mark follows its dispatch's confirm, so
     // it can still be on its way when the dispatch is seen).
     env.stop_worker().await;
-    // 40 decisions and 20 dispatch marks, each followed by a WAIT.
+    // 40 decisions, each followed by a WAIT, and 20 dispatch marks, written in batches (the
+    // marks confirmed together go as one pipeline), each batch followed by one.
     let waits = calls(&master, "wait");
     assert!(
-        waits >= 60,
+        waits > 40,
         "{waits} WAIT calls for 40 decisions and 20 marks"
     );
     let on_master = keys(&master, &env.namespace);
@@ -141,17 +142,18 @@ async fn with_the_replica_gone_decisions_stand_exact_and_each_is_counted_unrepli
         "the second of each recipient is denied"
     );
     // 20 decisions, none acknowledged by a replica, each waited its 50 ms on the connection
-    // they share; then the 10 marks, which follow the dispatches the test saw.
+    // they share; then the 10 marks in one batch or more, which follow the dispatches the
+    // test saw.
     assert!(began.elapsed() >= Duration::from_millis(20 * 50));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let unreplicated = metric(port, telemetry::REDIS_UNREPLICATED).await;
-        if unreplicated >= 30 {
+        if unreplicated > 20 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "{unreplicated} unreplicated calls counted, not the 20 decisions and 10 marks"
+            "{unreplicated} unreplicated calls counted, not the 20 decisions and the marks"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
