@@ -476,6 +476,12 @@ impl RedisConn {
     }
 }
 
+/// Seconds between two log lines about unreplicated writes.
+const UNREPLICATED_LOG_INTERVAL_S: u64 = 10;
+
+/// When an unreplicated write was last logged, in seconds since the epoch.
+static UNREPLICATED_LOGGED_S: AtomicU64 = AtomicU64::new(0);
+
 /// How many replicas a committing call waits for, and how long at most (`redis.wait_replicas`,
 /// `redis.wait_timeout_ms`). Redis replicates asynchronously: a master that acknowledged a
 /// quota write and died before a replica copied it loses the write at the failover, and the
@@ -517,13 +523,27 @@ impl ReplicaWait {
     /// and logged, and the decision stands (it is on the master; failing it now would make
     /// the retry count the message twice).
     pub fn check(self, acknowledged: i64) {
-        if acknowledged < i64::from(self.replicas) {
-            metrics::counter!(crate::base::telemetry::REDIS_UNREPLICATED).increment(1);
+        if acknowledged >= i64::from(self.replicas) {
+            return;
+        }
+        metrics::counter!(crate::base::telemetry::REDIS_UNREPLICATED).increment(1);
+        // While a replica is gone every call comes here: one line in each interval says so,
+        // the metric counts them all.
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = UNREPLICATED_LOGGED_S.load(Ordering::Relaxed);
+        if now_s >= last.saturating_add(UNREPLICATED_LOG_INTERVAL_S)
+            && UNREPLICATED_LOGGED_S
+                .compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             tracing::warn!(
                 acknowledged,
                 wanted = self.replicas,
                 timeout_ms = self.timeout_ms,
-                "a Redis write was not acknowledged by enough replicas in time; it stands"
+                "a Redis write was not acknowledged by enough replicas in time; it stands \
+                 (sendquota_redis_unreplicated_total counts every such write)"
             );
         }
     }
