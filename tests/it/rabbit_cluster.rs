@@ -69,29 +69,8 @@ async fn node_connection(url: &str, name: &str) -> Connection {
 /// A quorum queue bound to the dispatch exchange with `#`: every dispatch, kept through a node
 /// loss.
 async fn quorum_sink(channel: &Channel, queue: &str, exchange: &str) {
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(queue.into(), durable, args)
-        .await
-        .expect("declare the sink");
-    channel
-        .queue_bind(
-            queue.into(),
-            exchange.into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("bind the sink");
+    let args = broker::queue_args(QueueType::Quorum);
+    crate::support::queues::declare_sink_with(channel, queue, exchange, args).await;
 }
 
 /// The dispatches recorded: each id and when it came.

@@ -244,12 +244,17 @@ pub async fn drain(channel: &Channel, queue: &str) -> Vec<lapin::message::BasicG
 /// Declares `queue` (durable) and binds it to `exchange` with `#`: every message published there
 /// lands in it, for a test to read.
 pub async fn declare_sink(channel: &Channel, queue: &str, exchange: &str) {
+    declare_sink_with(channel, queue, exchange, FieldTable::default()).await;
+}
+
+/// [`declare_sink`] with the queue arguments `args` (its type, say).
+pub async fn declare_sink_with(channel: &Channel, queue: &str, exchange: &str, args: FieldTable) {
     let durable = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
     };
     channel
-        .queue_declare(queue.into(), durable, FieldTable::default())
+        .queue_declare(queue.into(), durable, args)
         .await
         .expect("declare the sink queue");
     channel
