@@ -771,30 +771,6 @@ impl PrivateRabbitCluster {
         self.ctl_on(n, &["wait", pid, "--timeout", "120"]);
     }
 
-    /// Waits (up to 60 s) until every quorum queue has a member online on every node, as after
-    /// a node rejoined: losing another node before that could leave a queue without a majority.
-    /// How long it waited.
-    pub fn wait_all_members_online(&self, through: usize) -> Duration {
-        let started = Instant::now();
-        loop {
-            let listed = self
-                .ctl_output(through, &["list_queues", "name", "type", "online", "-q"])
-                .unwrap_or_default();
-            let behind = listed
-                .lines()
-                .filter(|l| l.contains("quorum"))
-                .any(|l| self.nodes.iter().any(|node| !l.contains(&node.name)));
-            if !behind && !listed.is_empty() {
-                return started.elapsed();
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "quorum members back online on every node within 60 s: {listed}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
     /// The node (index) the connection named `name` (its `connection_name`) is on, if one is.
     pub fn node_of(&self, name: &str) -> Option<usize> {
         (0..self.nodes.len()).find_map(|n| {
