@@ -5,15 +5,16 @@
 --       Then, optionally, the recipient's dispatch marks (a sorted set: member = message id,
 --       score = when the mark expires, ms): with it, 'check' and 'commit' first look
 --       MESSAGE_ID up there and, if it was dispatched, reply '2' and touch nothing.
---       Then, optionally (only after the marks), the recipient's in-flight claims (a hash:
---       field = message id, value = '<token> <expires, ms of Redis's own clock>'; see
---       src/decide/claim.rs): one delivery of
---       a message id at a time is decided and dispatched. 'commit' replies '3 WAIT_MS' and
---       touches nothing while another token holds a live claim on MESSAGE_ID, and claims it for
---       TOKEN when it commits (a refused message holds no claim).
+--       Then, optionally (only after the marks), MESSAGE_ID's in-flight claim (a string key
+--       under the recipient's hash tag: value = the holding delivery's token, expiring with its
+--       lease; see src/decide/claim.rs): one delivery of a message id at a time is decided and
+--       dispatched. 'commit' replies '3 WAIT_MS' and touches nothing while another token holds
+--       the claim, and claims it for TOKEN when it commits (a refused message holds no claim).
+--       Redis expires the key on its own clock, which every worker shares: no worker's clock
+--       (skewed, or simulated with `worker --now`) measures a lease.
 -- ARGV: NOW_MS, MESSAGE_ID, MODE, COST, RULE_COUNT, then per rule:
 --       KIND, ENFORCE (1 = a refusal blocks the message, 0 = shadow rule), NARGS, ARG_1..ARG_NARGS;
---       then, with the claims key, TOKEN and LEASE_MS (the last two).
+--       then, with the claim key, TOKEN and LEASE_MS (the last two).
 --   MODE: 'check'  = evaluate only, write nothing;
 --         'commit' = evaluate, and if no enforcing rule refuses, consume in every rule that
 --                    allowed and had not admitted MESSAGE_ID before;
@@ -36,9 +37,9 @@
 
 local mode = ARGV[3]
 local count = ARGV[5] + 0
-local marks, claims = KEYS[2 * count + 1], KEYS[2 * count + 2]
+local marks, claim = KEYS[2 * count + 1], KEYS[2 * count + 2]
 local token, lease
-if claims then
+if claim then
   token, lease = ARGV[#ARGV - 1], ARGV[#ARGV]
 end
 
@@ -58,18 +59,17 @@ if mode == 'renew' or mode == 'release' or mode == 'refund' then
     KINDS[ARGV[pos]].refund(KEYS[2 * i - 1], KEYS[2 * i], unpack(ARGV, pos + 3, last))
     pos = last + 1
   end
-  if not claims then
+  if not claim then
     return '1'
   end
-  local holder, expires = claim_of(claims, ID)
-  local now = server_ms()
-  if holder ~= token or (mode == 'renew' and expires <= now) then
+  -- A lease run out is a key gone: its holder holds nothing any more.
+  if redis.call('GET', claim) ~= token then
     return mode == 'refund' and '1' or '0'
   end
   if mode == 'renew' then
-    hold_claim(claims, ID, token, now, lease, true)
+    redis.call('PEXPIRE', claim, lease)
   else
-    redis.call('HDEL', claims, ID)
+    redis.call('DEL', claim)
   end
   return '1'
 end
@@ -81,19 +81,15 @@ if marks then
   end
 end
 
--- Redis's clock is read only when a claim is compared or written: a refused message never
--- needs it.
-local claim_now
-if claims then
-  local holder, expires = claim_of(claims, ID)
+if claim then
+  local holder = redis.call('GET', claim)
   if holder and holder ~= token then
-    claim_now = server_ms()
-    if expires > claim_now then
-      return '3 ' .. int(expires - claim_now)
-    end
+    -- The key expires with the lease, so what is left of it is the wait (at least 1 ms: a key
+    -- about to expire reads 0).
+    return '3 ' .. math.max(redis.call('PTTL', claim), 1)
   end
   if mode == 'claim' then
-    hold_claim(claims, ID, token, claim_now or server_ms(), lease)
+    redis.call('SET', claim, token, 'PX', lease)
     return '1'
   end
 end
@@ -130,8 +126,8 @@ if mode == 'commit' and not blocked then
     end
     pos = last + 1
   end
-  if claims then
-    hold_claim(claims, ID, token, claim_now or server_ms(), lease)
+  if claim then
+    redis.call('SET', claim, token, 'PX', lease)
   end
   reply[1] = 1
 end

@@ -251,37 +251,3 @@ local function hash_numbers(key)
   end
   return out
 end
-
--- The claim on message `id` in the claims hash `key` (field = id, value = '<token> <expires
--- ms>'): its holder's token and when it expires, whether or not it has; nil when there is none.
-local function claim_of(key, id)
-  local held = redis.call('HGET', key, id)
-  if not held then
-    return nil
-  end
-  local sep = string.find(held, ' ', 1, true)
-  return string.sub(held, 1, sep - 1), string.sub(held, sep + 1) + 0
-end
-
--- Redis's own clock, in ms. Claims are leases on real time, measured by the one clock every
--- worker shares: a worker's clock may be skewed, or simulated (`worker --now`), and a lease
--- measured on it could never run out.
-local function server_ms()
-  local t = redis.call('TIME')
-  local us = t[2] + 0
-  return t[1] * 1000 + (us - us % 1000) / 1000
-end
-
--- Claims message `id` for `token` until `lease` ms (an ARGV string) after `now` (server_ms());
--- the hash lives at least as long. `held` says `token` held the claim already (a renewal), so
--- the hash has an expiry; otherwise the hash is usually new (a recipient seldom has two
--- messages in flight), so an expiry is set first where there is none (NX), and only then
--- lengthened (GT): one call for a new hash instead of three.
-local function hold_claim(key, id, token, now, lease, held)
-  redis.call('HSET', key, id, token .. ' ' .. int(now + lease))
-  if held then
-    expire_in_at_least(key, lease)
-  elseif redis.call('PEXPIRE', key, lease, 'NX') == 0 then
-    redis.call('PEXPIRE', key, lease, 'GT')
-  end
-end

@@ -6,8 +6,8 @@
 //! from here, in milliseconds, and is passed to the limiter scripts, so all workers agree as
 //! long as their clocks do (skew against Redis `TIME` is measured at start-up and reported).
 //!
-//! One thing runs on the Redis server's clock by design: the lease of an in-flight claim
-//! (`lua/prelude.lua`, `server_ms`). A lease bounds how long one worker keeps every other off
+//! One thing runs on the Redis server's clock by design: the lease of an in-flight claim (a key
+//! Redis expires, `lua/decide.lua`). A lease bounds how long one worker keeps every other off
 //! a message id, so it must be measured on the clock every worker shares: a worker whose clock
 //! is skewed, or simulated with `--now`, would otherwise hold a claim that never runs out.
 //!

@@ -9,8 +9,9 @@
 //! goes back to the queue through the shortest delay queue and is decided again later, by
 //! which time the first copy is marked dispatched (the copy is then a duplicate) or gone.
 //!
-//! A claim is a lease on real time, measured by Redis's clock (`TIME`), which every worker shares
-//! whatever its own clock says. The delivery renews it while its message is in flight (publishing
+//! A claim is a lease on real time: a key of its own holding the delivery's token
+//! ([`crate::decide::keys::claim_key`]), which Redis expires on its own clock, the one every
+//! worker shares whatever its own clock says. The delivery renews it while its message is in flight (publishing
 //! can wait out a broker alarm), the dispatch mark removes it, and a delivery given up without a
 //! dispatch (its channel lost, the worker stopping) releases it. A claim whose worker crashed
 //! expires after the lease; the next copy is then decided afresh and dispatched, which is the

@@ -130,11 +130,16 @@ pub fn ids_key(rule_key: &str) -> String {
     join(&[rule_key, "ids"])
 }
 
-/// The recipient's in-flight claims (a hash: message id -> holder and expiry; see
-/// [`crate::decide::claim`]), under the recipient's hash tag so the decision script reads it with the
-/// quota.
-pub fn claims_key(namespace: &str, tag: &str) -> String {
-    join(&[namespace, tag, "claims"])
+/// The in-flight claim on one message id (a string: the holding delivery's token, expiring
+/// with its lease; see [`crate::decide::claim`]), under the recipient's hash tag so the decision
+/// script reads it with the quota. A key of its own, not a field of a per-recipient hash: Redis
+/// expires it on its own clock, so no script reads the time or rewrites an expiry. The id's
+/// segment begins `id=`, which no limiter kind's name does, so a claim's key never equals a
+/// rule's key (`<ns>:<tag>:<rule>:<kind>`, a rule named `claim`).
+pub fn claim_key(namespace: &str, tag: &str, message_id: &str) -> String {
+    let mut key = join(&[namespace, tag, "claim", "id="]);
+    key.push_str(message_id);
+    key
 }
 
 /// The sorted set of a recipient's dispatched message ids (score: when the mark expires, in
@@ -259,7 +264,7 @@ mod tests {
             plain.clone(),
             ids_key(&plain),
             sent_key("ns", &tag),
-            claims_key("ns", &tag),
+            claim_key("ns", &tag, "gcra"),
         ] {
             assert!(!keys.contains(&other), "{other}");
         }

@@ -52,7 +52,7 @@ impl MarkCommands {
     ) -> usize {
         let key = keys::sent_key(&self.namespace, tag);
         pipe.zadd(&key, message_id, now_ms.saturating_add(self.ttl_ms))
-            .hdel(keys::claims_key(&self.namespace, tag), message_id);
+            .del(keys::claim_key(&self.namespace, tag, message_id));
         let prune = self
             .written
             .fetch_add(1, Ordering::Relaxed)

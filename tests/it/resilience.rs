@@ -15,7 +15,7 @@ use sendquota::clock::ManualClock;
 use sendquota::config::{QueueType, WorkerSettings};
 use sendquota::failpoint::Failpoint;
 use sendquota::internals::broker::{self, Publisher};
-use sendquota::internals::keys::{claims_key, scope_tag};
+use sendquota::internals::keys::{claim_key, scope_tag};
 use sendquota::internals::policy::ScopeValue;
 use support::fixtures::policy;
 use support::http::http;
@@ -289,26 +289,19 @@ async fn a_memory_alarm_pauses_the_worker_until_it_clears_and_nothing_is_sent_tw
     env.stop_worker().await;
 }
 
-/// How many of messages `a0`.. (recipient `u<i>`) hold an in-flight claim that has not
-/// expired by Redis's clock.
+/// How many of messages `a0`.. (recipient `u<i>`) hold an in-flight claim: its key lives
+/// until Redis expires it with the lease.
 async fn live_claims(env: &TestEnv, messages: usize) -> usize {
     let mut conn = env.redis.clone();
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut conn)
-        .await
-        .expect("redis time");
-    let now_ms = secs * 1000 + micros / 1000;
     let mut live = 0;
     for i in 0..messages {
         let tag = scope_tag(&ScopeValue::Recipient(&format!("u{i}")));
-        let held: Option<String> = redis::cmd("HGET")
-            .arg(claims_key(&env.namespace, &tag))
-            .arg(format!("a{i}"))
+        let held: bool = redis::cmd("EXISTS")
+            .arg(claim_key(&env.namespace, &tag, &format!("a{i}")))
             .query_async(&mut conn)
             .await
-            .expect("hget");
-        let expires = held.and_then(|h| h.split(' ').nth(1)?.parse::<i64>().ok());
-        live += usize::from(expires.is_some_and(|e| e > now_ms));
+            .expect("exists");
+        live += usize::from(held);
     }
     live
 }

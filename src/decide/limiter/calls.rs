@@ -16,7 +16,7 @@ use crate::rules::policy::{OnDeny, Rule, Scope};
 pub(super) struct ScopeCall<'r> {
     pub(super) rules: Vec<(usize, &'r Rule)>,
     /// Two per rule, then the recipient's dispatch marks when `reads_marks`, then the
-    /// recipient's claims when `claims`.
+    /// message's in-flight claim when `claims`.
     pub(super) keys: Vec<String>,
     /// Whether the script first looks the message id up in the recipient's dispatch marks.
     pub(super) reads_marks: bool,
@@ -104,7 +104,7 @@ impl Limiter {
                 }
                 let claims = reads_marks && claims;
                 if claims {
-                    rule_keys.push(keys::claims_key(&self.namespace, &tag));
+                    rule_keys.push(keys::claim_key(&self.namespace, &tag, &message.id));
                 }
                 let kinds = KindSet::of(rules.iter().map(|(_, r)| r.kind.name()));
                 ScopeCall {

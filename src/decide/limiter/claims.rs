@@ -86,7 +86,7 @@ impl Limiter {
             rules: Vec::new(),
             keys: vec![
                 keys::sent_key(&self.namespace, &tag),
-                keys::claims_key(&self.namespace, &tag),
+                keys::claim_key(&self.namespace, &tag, &message.id),
             ],
             reads_marks: true,
             claims: true,

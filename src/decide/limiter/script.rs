@@ -429,17 +429,10 @@ mod tests {
 
     #[test]
     fn a_script_defines_only_the_prelude_helpers_something_in_it_uses() {
-        // The driver claims message ids (claim_of, server_ms, hold_claim, which call int and
-        // expire_in_at_least): every script keeps those.
-        const DRIVER_HELPERS: [&str; 5] = [
-            "int",
-            "expire_in_at_least",
-            "claim_of",
-            "server_ms",
-            "hold_claim",
-        ];
+        // The driver itself needs no helper (claims are keys Redis expires): a script keeps
+        // only what its kinds use.
         let headline = source_for(KindSet::of(["calendar_quota"]));
-        assert_eq!(helpers(&headline), DRIVER_HELPERS);
+        assert_eq!(helpers(&headline), ["int", "expire_in_at_least"]);
         // gcra calls remember, which calls expire_in_at_least: kept through remember.
         let (_, gcra_file) = SOURCES
             .iter()
@@ -455,16 +448,10 @@ mod tests {
                 "ceil_div",
                 "mul_div",
                 "admitted_at",
-                "remember",
-                "claim_of",
-                "server_ms",
-                "hold_claim"
+                "remember"
             ]
         );
-        assert_eq!(
-            helpers(&source_for(KindSet::of(["quiet_hours"]))),
-            DRIVER_HELPERS
-        );
+        assert!(helpers(&source_for(KindSet::of(["quiet_hours"]))).is_empty());
         assert!(source_for(KindSet::ALL).starts_with(PRELUDE));
     }
 
