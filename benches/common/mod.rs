@@ -101,3 +101,36 @@ pub async fn redis_cpu_us(conn: &mut impl redis::aio::ConnectionLike) -> u64 {
     };
     ((field("used_cpu_user") + field("used_cpu_sys")) * 1e6) as u64
 }
+
+/// Process ids whose command name is `comm`.
+pub fn pids_named(comm: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim() == comm)
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Busy and idle ticks of the whole machine since boot, summed over cores.
+pub fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0, 0);
+    };
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    (at(0) + at(1) + at(2) + at(5) + at(6) + at(7), at(3) + at(4))
+}

@@ -10,23 +10,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
-use crate::common::{self, clock_ticks_per_second, cpu_ticks};
-
-/// Process ids whose command name is `comm`.
-fn pids_named(comm: &str) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .map(|c| c.trim() == comm)
-                .unwrap_or(false)
-        })
-        .collect()
-}
+use crate::common::{self, clock_ticks_per_second, cpu_ticks, machine_ticks, pids_named};
 
 /// The first number after `field` in /proc/PID/`file` (VmHWM in status is in KiB), 0 if the
 /// process or the field is gone.
@@ -105,23 +89,6 @@ impl Procs {
             worker: worker.and_then(|p| cpu_ticks(&p.to_string())).unwrap_or(0),
         }
     }
-}
-
-/// Busy and idle ticks of the whole machine since boot, summed over cores.
-fn machine_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return (0, 0);
-    };
-    // user nice system idle iowait irq softirq steal (guest time is inside user).
-    let v: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    let at = |i: usize| v.get(i).copied().unwrap_or(0);
-    (at(0) + at(1) + at(2) + at(5) + at(6) + at(7), at(3) + at(4))
 }
 
 impl CpuSnap {
