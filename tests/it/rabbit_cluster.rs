@@ -3,6 +3,7 @@
 //! within seconds on another node; a delayed message outlives the node that declared its
 //! queue; commands given a list whose first node is down reach the next one at once.
 
+use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,8 +19,21 @@ use sendquota::internals::broker::{self, Names, Publisher};
 use crate::support::private::PrivateRabbitCluster;
 use crate::support::{local, request, TempFile, TestEnv};
 
-/// Fewer recipients than messages: the headline rule (one a day) denies the rest.
-const RECIPIENTS: usize = 1_000;
+/// Requests published at a time, every [`PACE`] (about 100 a second), while the nodes go down
+/// and come back: a few thousand in all.
+const BATCH: usize = 25;
+/// See [`BATCH`].
+const PACE: Duration = Duration::from_millis(250);
+/// Messages per recipient, published one after the other: the headline rule (one a day)
+/// dispatches one and denies the other, so dispatches and denials both go on for the whole run.
+/// (With a fixed 1,000 recipients, every one had had its message of the day ten seconds into
+/// the run, and from then on a correct worker dispatched nothing: read as a stall.)
+const PER_RECIPIENT: usize = 2;
+/// Every this many messages, a copy of the same id is published too.
+const COPY_EVERY: usize = 7;
+/// Longest a node loss may stall decisions: the next node answers within the connect time.
+const MAX_GAP: Duration = Duration::from_secs(8);
+
 /// A cluster, a test environment whose worker settings are the defaults and whose broker is
 /// the cluster (quorum queues), and the topology declared through node 0.
 async fn cluster_env() -> (PrivateRabbitCluster, TestEnv, Names) {
@@ -140,8 +154,73 @@ fn from_node(urls: &[String], first: usize) -> Vec<String> {
         .collect()
 }
 
+/// Request `m<i>`, to recipient `r<i / PER_RECIPIENT>`.
 fn body(i: usize) -> String {
-    request(&format!("m{i}"), &format!("r{}", i % RECIPIENTS), "UTC").to_string()
+    request(&format!("m{i}"), &format!("r{}", i / PER_RECIPIENT), "UTC").to_string()
+}
+
+/// Publishes requests `m0`, `m1`, ... (and a copy of every [`COPY_EVERY`]th) through
+/// `publisher`, [`BATCH`] every [`PACE`], until `stop` turns true: a steady flow while nodes stop
+/// and start. Returns how many distinct ids it published.
+async fn publish_steadily(
+    urls: Vec<String>,
+    requests: String,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> usize {
+    let mut next = 0;
+    let mut publisher = None;
+    while !*stop.borrow() {
+        let bodies: Vec<String> = (next..next + BATCH)
+            .flat_map(|i| {
+                let copies = if i % COPY_EVERY == 0 { 2 } else { 1 };
+                std::iter::repeat_n(body(i), copies)
+            })
+            .collect();
+        // A batch whose connection was lost is published again whole, through another node
+        // if need be: a copy of an id is decided as one.
+        loop {
+            if publisher.is_none() {
+                publisher = open_publisher(&urls).await;
+            }
+            let Some((_, p)) = &publisher else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            match publish_all(p, &requests, &bodies).await {
+                Ok(()) => break,
+                Err(e) => {
+                    eprintln!("publishing lost its connection ({e}); publishing again");
+                    publisher = None;
+                }
+            }
+        }
+        next += BATCH;
+        tokio::time::sleep(PACE).await;
+    }
+    next
+}
+
+/// A publisher on the first of `urls` that answers, with its connection.
+async fn open_publisher(urls: &[String]) -> Option<(Connection, Publisher)> {
+    let conn = connect_any(urls, "sendquota-test-load").await?;
+    let publisher = Publisher::open(&conn).await.ok()?;
+    Some((conn, publisher))
+}
+
+/// Publishes `bodies` to `requests` at once, each confirmed.
+async fn publish_all(
+    publisher: &Publisher,
+    requests: &str,
+    bodies: &[String],
+) -> Result<(), broker::BrokerError> {
+    let pending: futures_util::stream::FuturesUnordered<_> = bodies
+        .iter()
+        .map(|b| publisher.publish(requests, "", b.as_bytes(), BasicProperties::default()))
+        .collect();
+    for confirmed in pending.collect::<Vec<_>>().await {
+        confirmed?;
+    }
+    Ok(())
 }
 
 /// Polls until the worker's consuming connection is on some node: that node.
@@ -157,6 +236,262 @@ async fn worker_node(cluster: &PrivateRabbitCluster) -> usize {
             "the worker connected within 30 s"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The first dispatch recorded at or after `at`, as a wait from `at`.
+async fn first_dispatch_after(seen: &Seen, at: Instant) -> Duration {
+    let deadline = at + Duration::from_secs(90);
+    loop {
+        let first = seen
+            .lock()
+            .expect("ids")
+            .iter()
+            .find(|(_, when)| *when >= at)
+            .map(|(_, when)| *when - at);
+        if let Some(gap) = first {
+            return gap;
+        }
+        assert!(Instant::now() < deadline, "dispatches resumed within 90 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Message ids with a denial row, one entry per row.
+async fn denied_ids(env: &TestEnv) -> Vec<String> {
+    sqlx::query_scalar("SELECT message_id FROM denials")
+        .fetch_all(&env.pool)
+        .await
+        .expect("read the denials")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_a_follower_node_then_the_workers_node_under_load_loses_nothing() {
+    // The worker's log says which node it is on and when its sessions end.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("sendquota=info")
+        .with_writer(std::io::stderr)
+        .try_init();
+    let (cluster, mut env, names) = cluster_env().await;
+    let clock = ManualClock::new(local("UTC", "2026-06-01 10:00"));
+    env.start_worker(&clock);
+    let worker = worker_node(&cluster).await;
+    let (follower, steady) = ((worker + 1) % 3, (worker + 2) % 3);
+    eprintln!("worker on node {worker}; follower {follower}; test clients on node {steady}");
+
+    let conn = node_connection(&cluster.url(steady), "sendquota-test-load").await;
+    let channel = conn.create_channel().await.expect("channel");
+    let sink = format!("{}.test.cluster-dispatched", env.namespace);
+    quorum_sink(&channel, &sink, &names.dispatch).await;
+    let _ = conn.close(200, "declared".into()).await;
+    let clients = from_node(&cluster.urls(), steady);
+    let seen = record_ids(clients.clone(), sink.clone());
+    let (stop_publishing, publish_until) = tokio::sync::watch::channel(false);
+    let publishing = tokio::spawn(publish_steadily(
+        clients,
+        names.requests.clone(),
+        publish_until,
+    ));
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::block_in_place(|| cluster.stop(follower));
+    let follower_gap = first_dispatch_after(&seen, Instant::now()).await;
+    tokio::task::block_in_place(|| cluster.start_again(follower));
+    let online = tokio::task::block_in_place(|| cluster.wait_all_members_online(steady));
+    eprintln!(
+        "follower node {follower} stopped and started again; its quorum members online {:.1} s later",
+        online.as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let stopping = Instant::now();
+    tokio::task::block_in_place(|| cluster.stop(worker));
+    let stopped = Instant::now();
+    let resumed = tokio::time::timeout(MAX_GAP * 2, first_dispatch_after(&seen, stopped)).await;
+    let Ok(gap) = resumed else {
+        let dispatched = seen.lock().expect("ids").len();
+        let denied = denied_ids(&env).await.len();
+        tokio::task::block_in_place(|| diagnose(&cluster, steady, &[&names.requests, &sink]));
+        panic!(
+            "no dispatch within {:?} of node {worker} stopping; so far dispatched {dispatched}, \
+             denial rows {denied}",
+            MAX_GAP * 2
+        );
+    };
+    let moved_to = worker_node(&cluster).await;
+    eprintln!(
+        "stopping node {worker} took {:.1} s; the worker moved to node {moved_to}; first \
+         dispatch {:.2} s after it stopped",
+        (stopped - stopping).as_secs_f64(),
+        gap.as_secs_f64()
+    );
+    tokio::task::block_in_place(|| cluster.start_again(worker));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop_publishing.send(true);
+    let messages = publishing.await.expect("every request published");
+
+    // Every id ends dispatched or denied.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let dispatched: HashSet<String> = seen
+            .lock()
+            .expect("ids")
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect();
+        let denied: HashSet<String> = denied_ids(&env).await.into_iter().collect();
+        if dispatched.len() + denied.len() >= messages || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.stop_worker().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let seen = seen.lock().expect("ids").clone();
+    let denied = denied_ids(&env).await;
+    let window = (
+        stopping - Duration::from_secs(1),
+        stopped + Duration::from_secs(1),
+    );
+    let report = reconcile(messages, &seen, &denied, window);
+    eprintln!(
+        "rabbit cluster report: published {messages} (+{} copies); dispatched {} ({} distinct), \
+         denied {}; lost {}; duplicate dispatches {} in the crash window (first copy within 1 s \
+         of the worker's node stopping), {} outside it; ids both dispatched and denied {}; \
+         duplicate denial rows {}; gap after the follower's stop {:.2} s, after the worker's \
+         node's {:.2} s",
+        messages.div_ceil(COPY_EVERY),
+        seen.len(),
+        report.distinct_dispatched,
+        denied.len(),
+        report.lost.len(),
+        report.in_window,
+        report.outside_window.len(),
+        report.mixed.len(),
+        report.duplicate_denials,
+        follower_gap.as_secs_f64(),
+        gap.as_secs_f64(),
+    );
+    assert!(
+        report.lost.is_empty(),
+        "lost: {:?}",
+        &report.lost[..report.lost.len().min(10)]
+    );
+    assert!(
+        report.outside_window.is_empty(),
+        "dispatched twice outside the crash window: {:?}",
+        report.outside_window
+    );
+    assert!(
+        report.mixed.is_empty(),
+        "dispatched and denied: {:?}",
+        report.mixed
+    );
+    assert_eq!(report.duplicate_denials, 0, "one denial row per id");
+    assert_eq!(
+        report.distinct_dispatched,
+        messages.div_ceil(PER_RECIPIENT),
+        "one dispatch per recipient a day"
+    );
+    assert!(
+        gap < MAX_GAP,
+        "decisions resumed {gap:?} after the worker's node stopped"
+    );
+    assert!(
+        follower_gap < MAX_GAP,
+        "decisions resumed {follower_gap:?} after the follower stopped"
+    );
+}
+
+/// Prints the cluster's view of `queues` (through node `through`): what a stall looked like.
+fn diagnose(cluster: &PrivateRabbitCluster, through: usize, queues: &[&str]) {
+    let mut said = String::new();
+    let listings: [&[&str]; 2] = [
+        &[
+            "list_queues",
+            "name",
+            "type",
+            "leader",
+            "members",
+            "online",
+            "messages",
+            "messages_ready",
+            "messages_unacknowledged",
+            "consumers",
+        ],
+        &[
+            "list_channels",
+            "connection",
+            "number",
+            "confirm",
+            "messages_unconfirmed",
+            "messages_unacknowledged",
+            "consumer_count",
+        ],
+    ];
+    for args in listings {
+        let listed = cluster.ctl_output(through, args).unwrap_or_else(|e| e);
+        said.push_str(&format!("== rabbitmqctl {args:?}\n{listed}\n"));
+    }
+    for queue in queues {
+        let status = cluster.queues_output(through, &["quorum_status", queue]);
+        said.push_str(&format!(
+            "== quorum_status {queue}\n{}\n",
+            status.unwrap_or_else(|e| e)
+        ));
+    }
+    eprintln!("the cluster when dispatches did not resume:\n{said}");
+}
+
+/// What the outcomes of one run add up to.
+struct Reconciled {
+    distinct_dispatched: usize,
+    lost: Vec<String>,
+    /// Ids dispatched more than once whose first dispatch came in the crash window.
+    in_window: usize,
+    outside_window: Vec<String>,
+    mixed: Vec<String>,
+    duplicate_denials: usize,
+}
+
+/// Reconciles the dispatches (`seen`, with when each arrived) and denial rows with the ids
+/// published; a duplicate dispatch is in the crash window when its first copy arrived within
+/// `window` (the worker's node going away with dispatches not yet marked).
+fn reconcile(
+    messages: usize,
+    seen: &[(String, Instant)],
+    denied: &[String],
+    window: (Instant, Instant),
+) -> Reconciled {
+    let mut first: HashMap<&str, (Instant, usize)> = HashMap::new();
+    for (id, at) in seen {
+        first.entry(id.as_str()).or_insert((*at, 0)).1 += 1;
+    }
+    let denied_set: HashSet<&str> = denied.iter().map(String::as_str).collect();
+    let lost = (0..messages)
+        .map(|i| format!("m{i}"))
+        .filter(|id| !first.contains_key(id.as_str()) && !denied_set.contains(id.as_str()))
+        .collect();
+    let (mut in_window, mut outside_window) = (0, Vec::new());
+    for (id, (at, count)) in &first {
+        if *count > 1 && (window.0..=window.1).contains(at) {
+            in_window += count - 1;
+        } else if *count > 1 {
+            outside_window.push((*id).to_owned());
+        }
+    }
+    Reconciled {
+        distinct_dispatched: first.len(),
+        lost,
+        in_window,
+        outside_window,
+        mixed: first
+            .keys()
+            .filter(|id| denied_set.contains(**id))
+            .map(|id| (*id).to_owned())
+            .collect(),
+        duplicate_denials: denied.len() - denied_set.len(),
     }
 }
 

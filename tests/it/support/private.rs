@@ -767,8 +767,33 @@ impl PrivateRabbitCluster {
         });
         self.launchers.lock().expect("launchers").push(child);
         let pid = node.dir.join("pid");
+        wait_for_pid(&pid);
         let pid = pid.to_str().expect("utf-8 path");
         self.ctl_on(n, &["wait", pid, "--timeout", "120"]);
+    }
+
+    /// Waits (up to 60 s) until every quorum queue has a member online on every node, as after
+    /// a node rejoined: losing another node before that could leave a queue without a majority.
+    /// How long it waited.
+    pub fn wait_all_members_online(&self, through: usize) -> Duration {
+        let started = Instant::now();
+        loop {
+            let listed = self
+                .ctl_output(through, &["list_queues", "name", "type", "online", "-q"])
+                .unwrap_or_default();
+            let behind = listed
+                .lines()
+                .filter(|l| l.contains("quorum"))
+                .any(|l| self.nodes.iter().any(|node| !l.contains(&node.name)));
+            if !behind && !listed.is_empty() {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "quorum members back online on every node within 60 s: {listed}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// The node (index) the connection named `name` (its `connection_name`) is on, if one is.
@@ -816,6 +841,27 @@ impl PrivateRabbitCluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Runs `rabbitmq-queues` on node `n` with `args`: what it printed, or why it failed.
+    pub fn queues_output(&self, n: usize, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(format!("{RABBIT_BIN}/rabbitmq-queues"))
+            .env("HOME", self.dir.join("home"))
+            .args(["-n", &self.nodes[n].name])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("rabbitmq-queues: cannot run: {e}"))?;
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() {
+            Ok(said)
+        } else {
+            Err(said)
+        }
+    }
+
     /// `cmd` with node `n`'s environment: its name, ports, files and the cluster's HOME.
     fn node_env<'c>(&self, n: usize, cmd: &'c mut Command) -> &'c mut Command {
         let node = &self.nodes[n];
@@ -837,6 +883,25 @@ impl PrivateRabbitCluster {
                 "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
                 "-kernel inet_dist_use_interface {127,0,0,1}",
             )
+    }
+}
+
+/// Waits (up to 120 s) until the node's pid file holds a pid: `rabbitmqctl wait` reads the
+/// file as soon as it exists, and one caught while the node was still writing it failed with
+/// `garbage_in_pid_file` (3 nodes booting at once on 2 CPUs).
+fn wait_for_pid(file: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let written = std::fs::read_to_string(file).unwrap_or_default();
+        if written.trim().parse::<u32>().is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} holds a pid within 120 s",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
