@@ -46,6 +46,7 @@ mod replica_wait;
 mod resilience;
 mod retries;
 mod rule_reload;
+mod scale_out;
 mod security;
 mod send_windows;
 mod settings;

@@ -10,6 +10,7 @@
 //! [`fixtures`] reads the policies under tests/fixtures/policies.
 
 pub mod browser;
+pub mod cluster_load;
 pub mod denials;
 pub mod drill;
 pub mod env;

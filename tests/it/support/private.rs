@@ -739,6 +739,11 @@ impl PrivateRabbitCluster {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.nodes[n].port)
     }
 
+    /// The AMQP port of node `n`: what a client's log names it by.
+    pub fn port(&self, n: usize) -> u16 {
+        self.nodes[n].port
+    }
+
     /// A URL where no broker listens (a node that is down), for a list that starts with one.
     pub fn dead_url() -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", free_port())
