@@ -202,23 +202,34 @@ pub fn evalsha(script: &redis::Script, keys: usize, args: usize, bytes: usize) -
     cmd
 }
 
+/// How many times one call loads its script again after NOSCRIPT before it gives up: a Redis
+/// can forget the script again between the load and the retry (a second `SCRIPT FLUSH`, a
+/// failover to a replica that never ran it), and one load then failed the call.
+const NOSCRIPT_LOADS: usize = 3;
+
 /// Sends `cmd`, an [`evalsha`] of `script`. On NOSCRIPT (a restarted or failed-over Redis
 /// forgot the script) it loads `script` and sends `cmd` again, as
-/// `redis::ScriptInvocation::invoke_async` does; on a cluster the load reaches every master.
-/// A call in a `mode` that writes waits for the replicas `redis.wait_replicas` asks for
-/// ([`crate::base::store::RedisConn::query_committing`]).
+/// `redis::ScriptInvocation::invoke_async` does, up to [`NOSCRIPT_LOADS`] times; on a cluster
+/// the load reaches every master. A call in a `mode` that writes waits for the replicas
+/// `redis.wait_replicas` asks for ([`crate::base::store::RedisConn::query_committing`]).
 pub async fn call<T: FromRedisValue>(
     script: &redis::Script,
     cmd: &redis::Cmd,
     mode: Mode,
     conn: &mut crate::base::store::RedisConn,
 ) -> redis::RedisResult<T> {
-    match send(cmd, mode, conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            send(cmd, mode, conn).await
+    let mut loads = 0;
+    loop {
+        match send(cmd, mode, conn).await {
+            Err(e)
+                if loads < NOSCRIPT_LOADS
+                    && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                loads += 1;
+                script.load_async(conn).await?;
+            }
+            reply => return reply,
         }
-        reply => reply,
     }
 }
 
