@@ -7,7 +7,8 @@
 //! Then the headline path, `--versus N` decisions, `--versus-concurrency C` in flight (50), each
 //! to a new recipient (all allowed): as the row above decides (`Limiter::evaluate`: the calendar
 //! quota and the dispatch-mark read in one EVALSHA) and as the worker decides
-//! (`Limiter::evaluate_claimed`: with the in-flight claim too), against rate-limiter-flexible's
+//! (`Limiter::evaluate_claimed`: with the in-flight claim too), against the six commands that
+//! call runs with its keys and arguments and no logic (its floor), against rate-limiter-flexible's
 //! fixed-window counter script (no Node here: the same three commands over this bench's redis-rs
 //! client) and against a bare script of three commands (SET, PEXPIRE, GET), in alternating
 //! slices: decisions per second, and what each call costs Redis (its process's CPU time, when it
@@ -36,9 +37,10 @@ use chrono::{DateTime, Duration, Utc};
 use futures_util::StreamExt;
 use sendquota::config::Settings;
 use sendquota::internals::claim::Claim;
+use sendquota::internals::keys;
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::SendRequest;
-use sendquota::internals::policy::Policy;
+use sendquota::internals::policy::{Policy, ScopeValue};
 use sendquota::internals::store::RedisConn;
 
 const KINDS: [(&str, &str); 11] = [
@@ -63,19 +65,35 @@ local n = redis.call('INCRBY', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2], 'NX')
 return {n, redis.call('PTTL', KEYS[1])}";
 
+/// The worker's call with no logic: the six commands `Limiter::evaluate_claimed` makes Redis
+/// run for a new recipient (the dispatch mark and the claim read, the calendar quota read and
+/// written with its expiry, the claim taken), on the same four keys with the same nineteen
+/// arguments. What the call cannot cost less than without fewer keys, arguments or commands:
+/// the floor the worker's call is held to beside rate-limiter-flexible's.
+const COMMANDS_FLOOR: &str = "\
+redis.call('ZSCORE', KEYS[3], ARGV[2])
+redis.call('GET', KEYS[4])
+redis.call('ZRANGE', KEYS[1], '0', '-1', 'WITHSCORES')
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[16])
+redis.call('SET', KEYS[4], ARGV[18], 'PX', ARGV[19])
+return ' 1 1 0 0 -1 0'";
+
 /// The sides of the comparison, in the order each round runs them.
 #[derive(Clone, Copy)]
 enum Side {
     Headline,
     HeadlineClaimed,
+    CommandsFloor,
     FixedWindow,
     Bare,
 }
 
 impl Side {
-    const ALL: [Side; 4] = [
+    const ALL: [Side; 5] = [
         Side::Headline,
         Side::HeadlineClaimed,
+        Side::CommandsFloor,
         Side::FixedWindow,
         Side::Bare,
     ];
@@ -84,6 +102,7 @@ impl Side {
         match self {
             Side::Headline => "headline: evaluate (quota, mark)",
             Side::HeadlineClaimed => "headline: evaluate_claimed (+ claim)",
+            Side::CommandsFloor => "its six commands alone (no logic)",
             Side::FixedWindow => "fixed-window counter script",
             Side::Bare => "bare script: SET, PEXPIRE, GET",
         }
@@ -277,9 +296,36 @@ struct Versus<'a> {
     n: usize,
     fixed_window: redis::Script,
     bare: redis::Script,
+    floor: redis::Script,
 }
 
 impl Versus<'_> {
+    /// The commands floor's call for `message`: the worker's keys for it and arguments of the
+    /// worker's sizes (lua/decide.lua, lua/kinds/calendar_quota.lua).
+    fn floor_call(&self, message: &SendRequest) -> redis::ScriptInvocation<'_> {
+        let ns = &self.prefix;
+        let tag = keys::scope_tag(&ScopeValue::Recipient(&message.recipient));
+        let rule = keys::rule_key(ns, &tag, "headline", "calendar_quota");
+        let at = self.at.timestamp_millis();
+        let ids = keys::ids_key(&rule);
+        let mut call = self.floor.key(rule);
+        call.key(ids)
+            .key(keys::sent_key(ns, &tag))
+            .key(keys::claim_key(ns, &tag, &message.id));
+        call.arg(at).arg(&message.id).arg("commit").arg(1).arg(1);
+        call.arg("calendar_quota").arg(1).arg(9).arg(20_544);
+        call.arg(at - 43_200_000)
+            .arg(at - 561_600_000)
+            .arg(1)
+            .arg(3)
+            .arg(7);
+        call.arg(at - 777_600_000)
+            .arg(777_600_000)
+            .arg(at + 43_200_000);
+        call.arg("1a2b.18c3d4e5.4d2").arg(30_000);
+        call
+    }
+
     /// Call `i` of `side`; whether it was allowed.
     async fn call(&self, side: Side, i: usize, mut conn: RedisConn) -> bool {
         let message = &self.messages[side as usize * self.n + i];
@@ -295,6 +341,14 @@ impl Versus<'_> {
                 let claim = Claim::new(30_000);
                 let e = (self.limiter).evaluate_claimed(&self.headline, message, self.at, &claim);
                 e.await.expect("evaluate_claimed").committed()
+            }
+            Side::CommandsFloor => {
+                let _: String = self
+                    .floor_call(message)
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("commands floor script");
+                true
             }
             Side::FixedWindow => {
                 let (count, _ttl): (i64, i64) = self
@@ -339,9 +393,10 @@ async fn versus(redis: &RedisConn, limiter: &Limiter, n: usize, concurrency: usi
         n,
         fixed_window: redis::Script::new(FIXED_WINDOW_COUNTER),
         bare: redis::Script::new(common::BARE_SCRIPT),
+        floor: redis::Script::new(COMMANDS_FLOOR),
     };
     // Loaded first, so that no side's first calls are refused and sent again.
-    for script in [&versus.fixed_window, &versus.bare] {
+    for script in [&versus.fixed_window, &versus.bare, &versus.floor] {
         let loaded = script.load_async(&mut redis.clone()).await;
         loaded.expect("SCRIPT LOAD");
     }
@@ -412,7 +467,7 @@ fn print_versus(costs: &[Cost; Side::ALL.len()]) {
             c.inner_commands as f64 / c.calls.max(1) as f64
         );
     }
-    let [headline, claimed, fixed, bare] = costs;
+    let [headline, claimed, floor, fixed, bare] = costs;
     for (name, side) in [("evaluate", headline), ("evaluate_claimed", claimed)] {
         println!(
             "headline {name}: {:.2}x the fixed-window counter's decisions per second, {:.2}x \
@@ -424,4 +479,11 @@ fn print_versus(costs: &[Cost; Side::ALL.len()]) {
             evalsha_us(side) / evalsha_us(bare)
         );
     }
+    println!(
+        "headline evaluate_claimed: Redis's CPU per call {:.2}x its six commands' alone (the \
+         floor of a call with its keys, arguments and commands); those alone {:.2}x the \
+         fixed-window counter's",
+        redis_us(claimed) / redis_us(floor),
+        redis_us(floor) / redis_us(fixed)
+    );
 }
