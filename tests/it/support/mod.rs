@@ -21,6 +21,7 @@ pub mod private;
 pub mod process;
 pub mod queues;
 pub mod redis_keys;
+pub mod scale_out;
 pub mod worker;
 
 pub use env::TestEnv;
