@@ -24,8 +24,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use sendquota::config::QueueType;
 use sendquota::internals::broker;
 use support::process::Running;
@@ -88,21 +86,6 @@ fn args() -> Args {
         }
     }
     out
-}
-
-async fn queued(env: &TestEnv, queue: &str) -> u32 {
-    env.channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map(|q| q.message_count())
-        .unwrap_or(0)
 }
 
 /// CPU ticks of the processes a run measures, at one instant.
@@ -215,7 +198,7 @@ async fn run(args: &Args, workers: usize, redis_pid: &str) -> Run {
     let mut last_report = Instant::now();
     loop {
         let done =
-            queued(&env, &env.dispatched_queue).await as usize + env.denial_rows().await as usize;
+            env.ready(&env.dispatched_queue).await as usize + env.denial_rows().await as usize;
         if done >= n {
             break;
         }
@@ -239,25 +222,22 @@ async fn run(args: &Args, workers: usize, redis_pid: &str) -> Run {
     }
     let tick_us = 1e6 / common::clock_ticks_per_second();
     let per = |ticks: u64| ticks as f64 * tick_us / n as f64;
-    let each_worker: Vec<f64> = worker_ticks.iter().map(|&t| per(t)).collect();
-    let known: f64 = each_worker.iter().sum::<f64>()
-        + per(after.redis - before.redis)
-        + per(after.rabbit.saturating_sub(before.rabbit))
-        + per(after.postgres.saturating_sub(before.postgres))
-        + per(after.bench - before.bench);
     let busy = after.busy - before.busy;
     let idle = after.idle - before.idle;
-    Run {
+    let mut run = Run {
         workers,
         rate: n as f64 / elapsed.as_secs_f64(),
-        each_worker,
-        redis: per(after.redis - before.redis),
+        each_worker: worker_ticks.iter().map(|&t| per(t)).collect(),
+        redis: per(after.redis.saturating_sub(before.redis)),
         rabbit: per(after.rabbit.saturating_sub(before.rabbit)),
         postgres: per(after.postgres.saturating_sub(before.postgres)),
-        bench: per(after.bench - before.bench),
-        other: (per(busy) - known).max(0.0),
+        bench: per(after.bench.saturating_sub(before.bench)),
+        other: 0.0,
         busy_pct: 100.0 * busy as f64 / (busy + idle).max(1) as f64,
-    }
+    };
+    // Every process not named above: the machine's busy time less theirs.
+    run.other = (per(busy) - run.total()).max(0.0);
+    run
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {

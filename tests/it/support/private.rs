@@ -829,42 +829,32 @@ impl PrivateRabbitCluster {
 
     /// Runs `rabbitmqctl` on node `n` with `args`: what it printed, or why it failed.
     pub fn ctl_output(&self, n: usize, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(format!("{RABBIT_BIN}/rabbitmqctl"))
+        self.cli_output("rabbitmqctl", n, args)
+    }
+
+    /// Runs `rabbitmq-queues` on node `n` with `args`: what it printed, or why it failed.
+    pub fn queues_output(&self, n: usize, args: &[&str]) -> Result<String, String> {
+        self.cli_output("rabbitmq-queues", n, args)
+    }
+
+    /// Runs RabbitMQ's command-line `tool` on node `n` with `args` (the cluster's HOME holds
+    /// its cookie): what it printed, or why it failed with everything it said.
+    fn cli_output(&self, tool: &str, n: usize, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(format!("{RABBIT_BIN}/{tool}"))
             .env("HOME", self.dir.join("home"))
             .args(["-n", &self.nodes[n].name])
             .args(args)
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| format!("rabbitmqctl: cannot run: {e}"))?;
+            .map_err(|e| format!("{tool}: cannot run: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "rabbitmqctl {args:?} on node {n} failed: {}{}",
+                "{tool} {args:?} on node {n} failed: {}{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Runs `rabbitmq-queues` on node `n` with `args`: what it printed, or why it failed.
-    pub fn queues_output(&self, n: usize, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(format!("{RABBIT_BIN}/rabbitmq-queues"))
-            .env("HOME", self.dir.join("home"))
-            .args(["-n", &self.nodes[n].name])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("rabbitmq-queues: cannot run: {e}"))?;
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.status.success() {
-            Ok(said)
-        } else {
-            Err(said)
-        }
     }
 
     /// `cmd` with node `n`'s environment: its name, ports, files and the cluster's HOME.

@@ -25,7 +25,8 @@ pub enum RedisLoss {
     /// `CLUSTER FAILOVER` on its replica: the replica takes over once it holds every write.
     Failover,
     /// `kill -9` of the master: its replica is promoted without what it had not copied yet.
-    #[allow(dead_code)] // Counted by benches/failover_counts.rs; the test asserts the failover.
+    #[allow(dead_code)]
+    // Counted by benches/failover_counts.rs; the test asserts the failover.
     Kill,
 }
 
@@ -110,11 +111,12 @@ pub async fn run(loss: RedisLoss) -> Run {
 
 /// The nodes a worker's consuming connection reached, in order, from its log `lines`.
 fn consuming_on(rabbit: &PrivateRabbitCluster, lines: &[String]) -> Vec<usize> {
+    let ports: Vec<String> = (0..rabbit.urls().len())
+        .map(|n| format!(":{}/", rabbit.port(n)))
+        .collect();
     lines
         .iter()
         .filter(|l| l.contains("connected to rabbitmq") && l.contains("sendquota-worker-consume"))
-        .filter_map(|l| {
-            (0..rabbit.urls().len()).find(|&n| l.contains(&format!(":{}/", rabbit.port(n))))
-        })
+        .filter_map(|l| ports.iter().position(|port| l.contains(port.as_str())))
         .collect()
 }
