@@ -88,13 +88,11 @@ impl DispatchMarks {
         message_id: &str,
         now: DateTime<Utc>,
     ) -> redis::RedisResult<()> {
-        let tag = keys::scope_tag(&ScopeValue::Recipient(recipient));
         // One round trip; not atomic, and need not be: each command is right on its own. The
         // replies are read into `()`, which takes them all, rather than marked `ignore()`: a
         // pipeline keeps its ignored commands in a hash set, a hashed insert per command.
         let mut pipe = redis::pipe();
-        self.commands
-            .add(&mut pipe, &tag, message_id, now.timestamp_millis());
+        self.add_mark(&mut pipe, recipient, message_id, now);
         let Some(wait) = self.conn.replica_wait() else {
             return pipe.exec_async(&mut self.conn.clone()).await;
         };
@@ -102,6 +100,21 @@ impl DispatchMarks {
         let replies: Vec<redis::Value> = pipe.query_async(&mut self.conn.clone()).await?;
         wait.check_reply(replies.last());
         Ok(())
+    }
+
+    /// Adds to `pipe` the commands of the mark of `message_id` for `recipient` at `now`, as
+    /// [`DispatchMarks::mark`] and the batch send them; how many (their replies follow in that
+    /// order). For the benches' floors, which pipeline the worker's own marks.
+    pub fn add_mark(
+        &self,
+        pipe: &mut redis::Pipeline,
+        recipient: &str,
+        message_id: &str,
+        now: DateTime<Utc>,
+    ) -> usize {
+        let tag = keys::scope_tag(&ScopeValue::Recipient(recipient));
+        self.commands
+            .add(pipe, &tag, message_id, now.timestamp_millis())
     }
 
     /// Writes the dispatch mark of a message the broker has confirmed. A failed write (Redis

@@ -8,7 +8,11 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
+use redis::Value;
 use sendquota::config::QueueType;
+use sendquota::internals::claim::Claim;
+use sendquota::internals::dedup::DispatchMarks;
 use sendquota::internals::denials::{DenialRow, DenialStore};
 
 use super::end_to_end::worker_run;
@@ -82,7 +86,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, pairs: usize, report: &mu
     let mut floor = Tally::default();
     floor_run(&relay_env, &body, procs, &mut floor, worker).await;
     drop(relay_env);
-    let script = script_floor(bench).await;
+    let script = redis_floor(bench).await;
     let insert = insert_floor(bench, m / 2).await;
     figures(report, bench, &s, pairs, shape);
     floors(report, bench, &s, &floor, &script, &insert);
@@ -170,20 +174,90 @@ fn figures(report: &mut Report, bench: &Bench, s: &Sides, pairs: usize, shape: R
     ));
 }
 
-/// (a1)'s bare pipelined loop on as many decisions as a run has messages, two per recipient:
-/// Redis's CPU per decision on the script alone.
-async fn script_floor(bench: &Bench) -> Tally {
+/// The worker's own Redis work in (a1)'s bare pipelined loop, on as many messages as a run
+/// has, two per recipient (the first admitted, the second refused, as in (c)): per message the
+/// exact EVALSHA the worker sends (`Limiter::claimed_commands`: its keys, arguments and claim),
+/// and for each admitted one the worker's dispatch mark (`DispatchMarks::add_mark`), in
+/// pipelines of `--pipeline`, `--in-flight` at a time. Redis's CPU per message with nothing of
+/// the worker around its calls: the floor of (c)'s Redis CPU.
+async fn redis_floor(bench: &Bench) -> Tally {
     let m = bench.args.messages;
-    let mut tally = Tally::default();
-    let mut progress = Progress::new("series: script floor", m);
-    let before = bench.procs.snap(None).await;
     let prefix = format!("s39-{}-", std::process::id());
-    let (allowed, took) = bench
-        .lua
-        .run(&mut progress, 0..m, &prefix, bench.base, |i| i / 2)
-        .await;
-    tally.add(before, bench.procs.snap(None).await, m, allowed, took);
+    let messages: Vec<_> = (0..m)
+        .map(|i| decode(&format!("{prefix}m{i}"), &format!("{prefix}r{}", i / 2)))
+        .collect();
+    let settings = &bench.env.settings;
+    let marks = DispatchMarks::new(
+        bench.env.redis.clone(),
+        &bench.env.namespace,
+        settings.worker.dedup_ttl_secs,
+    );
+    let claim = Claim::new(settings.worker.claim_lease_ms);
+    let at = bench.at();
+    let mut tally = Tally::default();
+    let mut progress = Progress::new("series: Redis floor", m);
+    let before = bench.procs.snap(None).await;
+    let began = std::time::Instant::now();
+    let size = bench.args.pipeline.max(1);
+    let mut replies = futures_util::stream::iter(messages.chunks(size).enumerate())
+        .map(|(c, chunk)| {
+            let now = at(c * size);
+            let mut decisions = redis::pipe();
+            for message in chunk {
+                for cmd in bench
+                    .limiter
+                    .claimed_commands(&bench.headline, message, now, &claim)
+                {
+                    decisions.add_command(cmd);
+                }
+            }
+            let (marks, mut conn) = (&marks, bench.plain.clone());
+            async move {
+                let replies: Vec<Value> = decisions.query_async(&mut conn).await.expect("EVALSHA");
+                let mut pipe = redis::pipe();
+                let mut admitted = 0;
+                for (message, reply) in chunk.iter().zip(&replies) {
+                    if committed(reply) {
+                        marks.add_mark(&mut pipe, &message.recipient, &message.id, now);
+                        admitted += 1;
+                    }
+                }
+                if admitted > 0 {
+                    let () = pipe.query_async(&mut conn).await.expect("marks");
+                }
+                (chunk.len(), admitted)
+            }
+        })
+        .buffer_unordered(bench.args.in_flight.max(1));
+    let mut admitted = 0;
+    while let Some((n, a)) = replies.next().await {
+        admitted += a;
+        progress.add(n);
+    }
+    assert_eq!(
+        admitted,
+        m.div_ceil(2),
+        "the floor admits the first of each pair"
+    );
+    tally.add(
+        before,
+        bench.procs.snap(None).await,
+        m,
+        admitted,
+        began.elapsed(),
+    );
     tally
+}
+
+/// Whether a decision script's reply says it committed (lua/decide.lua: the reply's numbers in
+/// one string, the first 1 when committed).
+fn committed(reply: &Value) -> bool {
+    match reply {
+        Value::BulkString(text) => {
+            text.split(|&b| b == b' ').find(|n| !n.is_empty()) == Some(b"1".as_slice())
+        }
+        other => panic!("decision script replied {other:?}"),
+    }
 }
 
 /// The worker's denial statement alone (`DenialStore::insert_batch`, the statement its writer
@@ -230,7 +304,7 @@ fn floors(
     let (c_worker, c_redis, c_postgres) = (c.worker, c.redis, c.postgres);
     let floor_us = report.cpu(procs, "series d floor", floor).bench;
     let script_us = report
-        .cpu(procs, "series a1 loop (per decision)", script)
+        .cpu(procs, "series Redis floor (the worker's calls)", script)
         .redis;
     let insert_us = report
         .cpu(procs, "series bare insert (per row)", insert)
@@ -245,7 +319,7 @@ fn floors(
             Some(1.5),
         ),
         (
-            "Redis CPU per decision (c) / (a1) loop",
+            "Redis CPU per message (c) / its calls in (a1)'s loop",
             c_redis,
             script_us,
             Some(1.5),

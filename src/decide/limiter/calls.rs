@@ -10,7 +10,7 @@ use crate::base::store::RedisConn;
 use crate::decide::claim::Claim;
 use crate::decide::keys;
 use crate::request::message::SendRequest;
-use crate::rules::policy::{OnDeny, Rule, Scope};
+use crate::rules::policy::{OnDeny, Policy, Rule, Scope};
 
 /// A scope's rules with the keys and arguments of its script call.
 pub(super) struct ScopeCall<'r> {
@@ -45,6 +45,19 @@ impl ScopeCall<'_> {
         mode: Mode,
         claim: Option<&Claim>,
     ) -> redis::RedisResult<T> {
+        let cmd = self.command(now, message_id, mode, claim);
+        script::call(self.script, &cmd, mode, conn).await
+    }
+
+    /// The EVALSHA this scope's call sends: its keys, then NOW_MS, MESSAGE_ID, MODE, the
+    /// rules' arguments and, when the call takes the claim, its token and lease.
+    fn command(
+        &self,
+        now: DateTime<Utc>,
+        message_id: &str,
+        mode: Mode,
+        claim: Option<&Claim>,
+    ) -> redis::Cmd {
         let claim = claim.filter(|_| self.claims);
         let bytes = self.keys.iter().map(String::len).sum::<usize>()
             + message_id.len()
@@ -70,11 +83,30 @@ impl ScopeCall<'_> {
         if let Some(claim) = claim {
             cmd.arg(claim.token()).arg(claim.lease_ms());
         }
-        script::call(self.script, &cmd, mode, conn).await
+        cmd
     }
 }
 
 impl Limiter {
+    /// The script calls [`Limiter::evaluate_claimed`] sends for `message` at `now` when no
+    /// deny-cache answer and no earlier scope stops it: one EVALSHA per scope, recipient first,
+    /// byte for byte the worker's. For the benches' floors, which pipeline the worker's own
+    /// calls with nothing of the worker around them.
+    pub fn claimed_commands(
+        &self,
+        policy: &Policy,
+        message: &SendRequest,
+        now: DateTime<Utc>,
+        claim: &Claim,
+    ) -> Vec<redis::Cmd> {
+        let rules = policy.rules_for(message);
+        let zone = message.zone(policy.default_zone);
+        self.scope_calls(&rules, message, now, zone, true, true)
+            .iter()
+            .map(|call| call.command(now, &message.id, Mode::Commit, Some(claim)))
+            .collect()
+    }
+
     /// Groups rules by scope (recipient first: it refuses most often, so later scopes are
     /// rarely committed and refunded) and builds each scope's script arguments. With `marks`,
     /// the recipient scope's call also reads the recipient's dispatch marks.
