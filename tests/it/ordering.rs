@@ -24,7 +24,7 @@ async fn the_first_published_of_two_messages_to_one_recipient_wins_the_days_only
     let env = TestEnv::new().await;
     assert_eq!(
         (env.settings.worker.concurrency, env.settings.amqp.prefetch),
-        (256, 256),
+        (1000, 1000),
         "default concurrency and prefetch"
     );
     for i in 0..PAIRS {

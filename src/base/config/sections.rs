@@ -311,7 +311,7 @@ impl Default for AmqpSettings {
         AmqpSettings {
             url: DEFAULT_AMQP_URL.to_owned(),
             urls: Vec::new(),
-            prefetch: 256,
+            prefetch: 1000,
             queue_type: QueueType::Quorum,
             tls: TlsFiles::default(),
         }
@@ -335,7 +335,7 @@ impl Default for WorkerSettings {
     fn default() -> Self {
         WorkerSettings {
             threads: 1,
-            concurrency: 256,
+            concurrency: 1000,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             dedup_ttl_secs: 8 * 24 * 3600,
             claim_lease_ms: 30_000,
