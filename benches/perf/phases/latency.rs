@@ -52,8 +52,9 @@ pub async fn run(
             format!(" = {:.0}% of (c)", l.achieved / c * 100.0)
         });
         format!(
-            "max {}; {} of {} dispatched at {:.0} msgs/s{of_c}, {} s after {} s warm-up",
+            "max {}; {}; {} of {} dispatched at {:.0} msgs/s{of_c}, {} s after {} s warm-up",
             ms(l.quantile(1.0)),
+            l.tail,
             l.samples.len(),
             l.counted,
             l.achieved,
@@ -84,6 +85,8 @@ struct Latency {
     /// Publish-to-dispatch latency of each counted message that reached the sink, in
     /// nanoseconds, sorted.
     samples: Vec<u64>,
+    /// How the slowest 1% spread over the run ([`tail_spread`]).
+    tail: String,
     /// Counted messages published, and per second while they were.
     counted: usize,
     achieved: f64,
@@ -145,21 +148,61 @@ async fn latency_run(
         process.stop();
     }
     purge_namespace(&env, "g cleanup").await;
-    let mut samples: Vec<u64> = arrived
+    let counted_arrivals: Vec<(usize, u64)> = arrived
         .into_iter()
         .filter(|&(seq, _)| seq >= warm)
-        .map(|(_, ns)| ns)
         .collect();
+    let mut samples: Vec<u64> = counted_arrivals.iter().map(|&(_, ns)| ns).collect();
     samples.sort_unstable();
+    let tail = tail_spread(&counted_arrivals, &samples, rate);
     let counted = total - warm;
     let publishing = paced
         .counted_from
         .map_or(Duration::ZERO, |t| paced.last_sent.duration_since(t));
     Latency {
         samples,
+        tail,
         counted,
         achieved: counted as f64 / publishing.as_secs_f64().max(PACE.as_secs_f64()),
     }
+}
+
+/// Where in time the slowest 1% of `arrivals` (`(seq, latency ns)`; `sorted` their latencies)
+/// were published, by 100 ms windows of publish time (`seq / rate`): a tail in few windows is a
+/// stall of some hop, one spread over most windows is a queue that every burst waits in.
+fn tail_spread(arrivals: &[(usize, u64)], sorted: &[u64], rate: f64) -> String {
+    let rank = ((0.99 * sorted.len() as f64).ceil() as usize).max(1);
+    let Some(&p99) = sorted.get(rank - 1) else {
+        return "no samples".to_owned();
+    };
+    let window = |seq: usize| (seq as f64 / rate / 0.1) as usize;
+    let mut slow = std::collections::BTreeMap::<usize, usize>::new();
+    for &(seq, _) in arrivals.iter().filter(|&&(_, ns)| ns >= p99) {
+        *slow.entry(window(seq)).or_default() += 1;
+    }
+    let first = arrivals
+        .iter()
+        .map(|&(seq, _)| window(seq))
+        .min()
+        .unwrap_or(0);
+    let last = arrivals
+        .iter()
+        .map(|&(seq, _)| window(seq))
+        .max()
+        .unwrap_or(0);
+    let mut worst: Vec<(usize, usize)> = slow.iter().map(|(&w, &n)| (n, w)).collect();
+    worst.sort_unstable_by(|a, b| b.cmp(a));
+    let at: Vec<String> = worst
+        .iter()
+        .take(4)
+        .map(|&(n, w)| format!("{n} at {:.1} s", w as f64 / 10.0))
+        .collect();
+    format!(
+        "the slowest 1% in {} of {} 100-ms windows ({})",
+        slow.len(),
+        last + 1 - first,
+        at.join(", ")
+    )
 }
 
 /// When [`publish_paced`] began, published its first counted request and its last one.
