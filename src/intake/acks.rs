@@ -32,7 +32,10 @@ use tracing::warn;
 use crate::intake::broker::BROKER_TIMEOUT;
 
 /// Longest a finished delivery waits for the deliveries before it before it is acked alone.
-pub const ACK_HOLD: Duration = Duration::from_millis(20);
+/// Longer than the spread of a full window's publish confirms under load (a quorum queue's
+/// come tens of milliseconds apart), so that acks stay coalesced; short beside a message that
+/// retries for seconds, which holds the others' acks only this long.
+pub const ACK_HOLD: Duration = Duration::from_millis(100);
 
 /// How a task's delivery ended.
 #[derive(Debug, Clone, Copy)]
