@@ -18,8 +18,10 @@ use crate::progress::Progress;
 use crate::queues::on_runtime;
 use crate::relay::{relay, RelayShape};
 use crate::report::{ms, Report};
+use crate::scrape::{histogram, http_get};
 use crate::support::{request, TestEnv};
-use crate::worker::{WorkerChoice, WorkerProcess};
+use crate::worker::WorkerChoice;
+use sendquota::internals::telemetry::{DECISION_SECONDS, DISPATCH_SECONDS};
 
 const LATENCY_MAX_P99_MS: f64 = 20.0;
 /// (g) publishes every PACE, as many requests as are due by then.
@@ -52,9 +54,10 @@ pub async fn run(
             format!(" = {:.0}% of (c)", l.achieved / c * 100.0)
         });
         format!(
-            "max {}; {}; {} of {} dispatched at {:.0} msgs/s{of_c}, {} s after {} s warm-up",
+            "max {}; {}{}; {} of {} dispatched at {:.0} msgs/s{of_c}, {} s after {} s warm-up",
             ms(l.quantile(1.0)),
             l.tail,
+            l.stages,
             l.samples.len(),
             l.counted,
             l.achieved,
@@ -87,6 +90,8 @@ struct Latency {
     samples: Vec<u64>,
     /// How the slowest 1% spread over the run ([`tail_spread`]).
     tail: String,
+    /// The worker's own stage latencies ([`worker_stages`]); empty for the relay.
+    stages: String,
     /// Counted messages published, and per second while they were.
     counted: usize,
     achieved: f64,
@@ -128,13 +133,13 @@ async fn latency_run(
     let origin = Instant::now();
     let arrivals = sink_latencies(&env, origin, total).await;
     let (process, relaying) = match hop {
-        Hop::Worker(worker) => (Some(worker.start(&env).await.0), None),
+        Hop::Worker(worker) => (Some(worker.start(&env).await), None),
         Hop::Relay(shape) => {
             let relaying = on_runtime(shape.runtime, relay(shape, env.names.clone(), total));
             (None, Some(tokio::spawn(relaying)))
         }
     };
-    let pid = process.as_ref().map(WorkerProcess::pid);
+    let pid = process.as_ref().map(|(p, _)| p.pid());
     let before = procs.snap(pid).await;
     let paced = publish_paced(&env, rate, warm, total, origin).await;
     let arrived = arrivals.await.expect("sink consumer");
@@ -144,7 +149,9 @@ async fn latency_run(
         let relayed = relaying.await.expect("relay task");
         relayed.unwrap_or_else(|e| panic!("g relay: {e}"));
     }
-    if let Some(process) = process {
+    let mut stages = String::new();
+    if let Some((process, port)) = process {
+        stages = worker_stages(port).await;
         process.stop();
     }
     purge_namespace(&env, "g cleanup").await;
@@ -162,9 +169,25 @@ async fn latency_run(
     Latency {
         samples,
         tail,
+        stages,
         counted,
         achieved: counted as f64 / publishing.as_secs_f64().max(PACE.as_secs_f64()),
     }
+}
+
+/// The worker's decision and publish+confirm latencies over the run, from its `/metrics`: which
+/// of its steps the publish-to-dispatch latency is spent in.
+async fn worker_stages(port: u16) -> String {
+    let metrics = http_get(port, "/metrics").await.unwrap_or_default();
+    let decision = histogram(&metrics, DECISION_SECONDS);
+    let dispatch = histogram(&metrics, DISPATCH_SECONDS);
+    format!(
+        "; the worker's decision p50 / p99 {} / {}, publish+confirm {} / {}",
+        ms(decision.quantile(0.5)),
+        ms(decision.quantile(0.99)),
+        ms(dispatch.quantile(0.5)),
+        ms(dispatch.quantile(0.99))
+    )
 }
 
 /// Where in time the slowest 1% of `arrivals` (`(seq, latency ns)`; `sorted` their latencies)
