@@ -1,9 +1,9 @@
 //! `--series PAIRS`: issue 39's series in one run. PAIRS alternating rounds of (a2) the no-work
 //! relay, (a3) the work relay and (c) the worker from spawn (the order turns every round:
 //! a2 a3 c, c a3 a2, ...), each on the same backlog; then, in the same minutes, the floors each
-//! process is held to: the worker's (d) floor, the decision script in (a1)'s bare pipelined
-//! loop (Redis CPU per decision) and the worker's denial statement alone in batches of the
-//! worker's size (Postgres CPU per denial row). Prints each run, the medians of (c)/(a3) and
+//! process is held to: the worker's (d) floor, the worker's own Redis calls in (a1)'s bare
+//! pipelined loop (Redis CPU per message) and the worker's denial statement alone in batches of
+//! the worker's size (Postgres CPU per denial row). Prints each run, the medians of (c)/(a3) and
 //! (c)/(a2) over the rounds, and each process's CPU per message against its floor.
 
 use std::sync::Arc;
@@ -198,7 +198,8 @@ async fn redis_floor(bench: &Bench) -> Tally {
     let mut progress = Progress::new("series: Redis floor", m);
     let before = bench.procs.snap(None).await;
     let began = std::time::Instant::now();
-    let size = bench.args.pipeline.max(1);
+    // Even, so both messages of a recipient go in one pipeline, in order.
+    let size = bench.args.pipeline.max(2) & !1;
     let mut replies = futures_util::stream::iter(messages.chunks(size).enumerate())
         .map(|(c, chunk)| {
             let now = at(c * size);
