@@ -346,7 +346,7 @@ impl Default for WorkerSettings {
             yield_slot_after_ms: 60_000,
             deny_cache: true,
             denial_batch_size: 500,
-            denial_batch_wait_ms: 3,
+            denial_batch_wait_ms: 10,
             digest_flush_interval_ms: 5_000,
             max_digest_bytes: DEFAULT_MAX_DIGEST_BYTES,
         }
