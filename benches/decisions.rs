@@ -37,10 +37,9 @@ use chrono::{DateTime, Duration, Utc};
 use futures_util::StreamExt;
 use sendquota::config::Settings;
 use sendquota::internals::claim::Claim;
-use sendquota::internals::keys;
 use sendquota::internals::limiter::Limiter;
 use sendquota::internals::message::SendRequest;
-use sendquota::internals::policy::{Policy, ScopeValue};
+use sendquota::internals::policy::Policy;
 use sendquota::internals::store::RedisConn;
 
 const KINDS: [(&str, &str); 11] = [
@@ -300,30 +299,25 @@ struct Versus<'a> {
 }
 
 impl Versus<'_> {
-    /// The commands floor's call for `message`: the worker's keys for it and arguments of the
-    /// worker's sizes (lua/decide.lua, lua/kinds/calendar_quota.lua).
-    fn floor_call(&self, message: &SendRequest) -> redis::ScriptInvocation<'_> {
-        let ns = &self.prefix;
-        let tag = keys::scope_tag(&ScopeValue::Recipient(&message.recipient));
-        let rule = keys::rule_key(ns, &tag, "headline", "calendar_quota");
-        let at = self.at.timestamp_millis();
-        let ids = keys::ids_key(&rule);
-        let mut call = self.floor.key(rule);
-        call.key(ids)
-            .key(keys::sent_key(ns, &tag))
-            .key(keys::claim_key(ns, &tag, &message.id));
-        call.arg(at).arg(&message.id).arg("commit").arg(1).arg(1);
-        call.arg("calendar_quota").arg(1).arg(9).arg(20_544);
-        call.arg(at - 43_200_000)
-            .arg(at - 561_600_000)
-            .arg(1)
-            .arg(3)
-            .arg(7);
-        call.arg(at - 777_600_000)
-            .arg(777_600_000)
-            .arg(at + 43_200_000);
-        call.arg("1a2b.18c3d4e5.4d2").arg(30_000);
-        call
+    /// The commands floor's call for `message`: the worker's own EVALSHA for it
+    /// (`Limiter::claimed_commands`, the same keys and arguments byte for byte) sent to the floor
+    /// script instead of the decision script.
+    fn floor_call(&self, message: &SendRequest, claim: &Claim) -> redis::Cmd {
+        let worker = self
+            .limiter
+            .claimed_commands(&self.headline, message, self.at, claim);
+        let [worker] = worker.as_slice() else {
+            panic!("the headline rule is decided in one call");
+        };
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.floor.get_hash());
+        // After EVALSHA and the decision script's hash: the key count, keys and arguments.
+        for arg in worker.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        cmd
     }
 
     /// Call `i` of `side`; whether it was allowed.
@@ -343,9 +337,10 @@ impl Versus<'_> {
                 e.await.expect("evaluate_claimed").committed()
             }
             Side::CommandsFloor => {
+                let claim = Claim::new(30_000);
                 let _: String = self
-                    .floor_call(message)
-                    .invoke_async(&mut conn)
+                    .floor_call(message, &claim)
+                    .query_async(&mut conn)
                     .await
                     .expect("commands floor script");
                 true

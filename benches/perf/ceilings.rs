@@ -100,19 +100,21 @@ impl LuaLoop {
         while let Some(reply) = replies.next().await {
             let reply = reply.expect("EVALSHA pipeline");
             let k = reply.len();
-            for v in reply {
-                // The reply's numbers in one string (lua/decide.lua): the first says committed.
-                match v {
-                    Value::BulkString(text) => {
-                        let first = text.split(|&b| b == b' ').find(|n| !n.is_empty());
-                        allowed += usize::from(first == Some(b"1".as_slice()));
-                    }
-                    other => panic!("decision script replied {other:?}"),
-                }
-            }
+            allowed += reply.iter().filter(|v| committed(v)).count();
             progress.add(k);
         }
         (allowed, began.elapsed())
+    }
+}
+
+/// Whether a decision script's reply says it committed (lua/decide.lua: the reply's numbers in
+/// one string, the first 1 when committed).
+pub fn committed(reply: &Value) -> bool {
+    match reply {
+        Value::BulkString(text) => {
+            text.split(|&b| b == b' ').find(|n| !n.is_empty()) == Some(b"1".as_slice())
+        }
+        other => panic!("decision script replied {other:?}"),
     }
 }
 

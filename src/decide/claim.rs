@@ -13,10 +13,10 @@
 //! ([`crate::decide::keys::claim_key`]), which Redis expires on its own clock, the one every
 //! worker shares whatever its own clock says. The delivery renews it while its message is in
 //! flight (publishing can wait out a broker alarm), the dispatch mark removes it, and a delivery
-//! given up without a dispatch (its channel lost, the worker stopping) releases it. A claim whose worker crashed
-//! expires after the lease; the next copy is then decided afresh and dispatched, which is the
-//! documented crash window (a crash between the broker's confirm and the mark). A refused or
-//! delayed message holds no claim.
+//! given up without a dispatch (its channel lost, the worker stopping) releases it. A claim
+//! whose worker crashed expires after the lease; the next copy is then decided afresh and
+//! dispatched, which is the documented crash window (a crash between the broker's confirm and
+//! the mark). A refused or delayed message holds no claim.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -100,8 +100,7 @@ struct Latency {
 impl Latency {
     /// The q-quantile of the samples (nearest rank), in seconds.
     fn quantile(&self, q: f64) -> Option<f64> {
-        let rank = ((q * self.samples.len() as f64).ceil() as usize).max(1);
-        self.samples.get(rank - 1).map(|&ns| ns as f64 / 1e9)
+        nearest_rank(&self.samples, q).map(|ns| ns as f64 / 1e9)
     }
 }
 
@@ -190,12 +189,17 @@ async fn worker_stages(port: u16) -> String {
     )
 }
 
+/// The q-quantile of `sorted` by nearest rank.
+fn nearest_rank(sorted: &[u64], q: f64) -> Option<u64> {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).max(1);
+    sorted.get(rank - 1).copied()
+}
+
 /// Where in time the slowest 1% of `arrivals` (`(seq, latency ns)`; `sorted` their latencies)
 /// were published, by 100 ms windows of publish time (`seq / rate`): a tail in few windows is a
 /// stall of some hop, one spread over most windows is a queue that every burst waits in.
 fn tail_spread(arrivals: &[(usize, u64)], sorted: &[u64], rate: f64) -> String {
-    let rank = ((0.99 * sorted.len() as f64).ceil() as usize).max(1);
-    let Some(&p99) = sorted.get(rank - 1) else {
+    let Some(p99) = nearest_rank(sorted, 0.99) else {
         return "no samples".to_owned();
     };
     let window = |seq: usize| (seq as f64 / rate / 0.1) as usize;

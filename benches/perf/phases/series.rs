@@ -19,7 +19,7 @@ use super::end_to_end::worker_run;
 use super::floor::floor_run;
 use super::work_relay::work_relay_run;
 use super::Bench;
-use crate::ceilings::relay_run;
+use crate::ceilings::{committed, relay_run};
 use crate::decision_path::{decode, policy};
 use crate::procs::Tally;
 use crate::progress::Progress;
@@ -248,17 +248,6 @@ async fn redis_floor(bench: &Bench) -> Tally {
         began.elapsed(),
     );
     tally
-}
-
-/// Whether a decision script's reply says it committed (lua/decide.lua: the reply's numbers in
-/// one string, the first 1 when committed).
-fn committed(reply: &Value) -> bool {
-    match reply {
-        Value::BulkString(text) => {
-            text.split(|&b| b == b' ').find(|n| !n.is_empty()) == Some(b"1".as_slice())
-        }
-        other => panic!("decision script replied {other:?}"),
-    }
 }
 
 /// The worker's denial statement alone (`DenialStore::insert_batch`, the statement its writer
