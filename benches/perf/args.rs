@@ -42,6 +42,13 @@ pub struct Args {
     pub relay_shape: usize,
     /// `--series PAIRS`: issue 39's series alone (`phases::series`).
     pub series: usize,
+    /// `--work-relay-runtimes ROUNDS`: only (a3) on each of
+    /// [`crate::phases::work_relay::WORK_RELAY_RUNTIMES`], alternating; when set it is the only
+    /// thing run.
+    pub work_relay_runtimes: usize,
+    /// `--work-relay-runtime K`: (a3) on the K-th (from 1) of those runtimes instead of
+    /// [`crate::phases::work_relay::WORK_RELAY_RUNTIME`].
+    pub work_relay_runtime: usize,
 }
 
 impl Args {
@@ -56,6 +63,15 @@ impl Args {
         match self.relay_shape {
             0 => crate::relay::RelayShape::ceiling_at(prefetch),
             k => crate::relay::RelayShape::short_list(prefetch)[k - 1],
+        }
+    }
+
+    /// The runtime (a3) runs on: `--work-relay-runtime K`, else the default.
+    pub fn work_relay_runtime(&self) -> crate::queues::Runtime {
+        use crate::phases::work_relay::{WORK_RELAY_RUNTIME, WORK_RELAY_RUNTIMES};
+        match self.work_relay_runtime {
+            0 => WORK_RELAY_RUNTIME,
+            k => WORK_RELAY_RUNTIMES[k - 1],
         }
     }
 }
@@ -84,6 +100,8 @@ pub fn parse() -> Args {
         relay_shapes_short: 0,
         relay_shape: 0,
         series: 0,
+        work_relay_runtimes: 0,
+        work_relay_runtime: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -109,6 +127,8 @@ pub fn parse() -> Args {
             "--relay-shapes-short" => &mut out.relay_shapes_short,
             "--relay-shape" => &mut out.relay_shape,
             "--series" => &mut out.series,
+            "--work-relay-runtimes" => &mut out.work_relay_runtimes,
+            "--work-relay-runtime" => &mut out.work_relay_runtime,
             "--bench" => continue,
             other => {
                 eprintln!(
@@ -117,7 +137,8 @@ pub fn parse() -> Args {
                      --sample --hot-recipients --hot-decisions --worker-prefetch \
                      --latency-seconds --relay-shapes --decision-phases-only --latency-rate \
                      --end-to-end-only --relay-prefetch --relay-shapes-short --relay-shape \
-                     --series (each takes a whole number)"
+                     --series --work-relay-runtimes --work-relay-runtime (each takes a whole \
+                     number)"
                 );
                 std::process::exit(2)
             }
@@ -145,6 +166,11 @@ pub fn parse() -> Args {
     let shapes = crate::relay::RelayShape::short_list(crate::relay::RELAY_PREFETCH).len();
     if out.relay_shape > shapes {
         eprintln!("--relay-shape takes 1 to {shapes}");
+        std::process::exit(2)
+    }
+    let runtimes = crate::phases::work_relay::WORK_RELAY_RUNTIMES.len();
+    if out.work_relay_runtime > runtimes {
+        eprintln!("--work-relay-runtime takes 1 to {runtimes}");
         std::process::exit(2)
     }
     for (flag, value) in [

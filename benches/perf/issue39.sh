@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 39's final series in one command, for a quiet machine:
 #   1. the short list of (a2) relay shapes, SHAPE_ROUNDS alternating rounds, medians and winner;
-#   2. `perf --series PAIRS`: PAIRS alternating rounds of (a2) in the winning shape, (a3) the work
-#      relay and (c) the worker from spawn at its defaults, then the floors in the same minutes
-#      ((d), the script in (a1)'s loop, the bare denial insert);
+#      then (a3) the work relay on each runtime, SHAPE_ROUNDS alternating rounds, and its winner;
+#   2. `perf --series PAIRS`: PAIRS alternating rounds of (a2) in the winning shape, (a3) on the
+#      winning runtime and (c) the worker from spawn at its defaults, then the floors in the same
+#      minutes ((d), the script in (a1)'s loop, the bare denial insert);
 #   3. (g) three times at half of (c)'s median rate, beside the relay's latency;
 # then the medians and ratios. Everything it prints is also kept in OUT (default /tmp/issue39).
 #
@@ -37,9 +38,13 @@ say "1/3 relay shapes: $SHAPE_ROUNDS rounds of $SHAPE_MESSAGES messages"
 "$BIN" --bench --relay-shapes-short "$SHAPE_ROUNDS" --messages "$SHAPE_MESSAGES" | tee "$OUT/shapes.txt"
 SHAPE=$(sed -n 's/^fastest: \([0-9]*\)\..*/\1/p' "$OUT/shapes.txt")
 say "(a2) will run in shape $SHAPE"
+"$BIN" --bench --work-relay-runtimes "$SHAPE_ROUNDS" --messages "$SHAPE_MESSAGES" | tee "$OUT/runtimes.txt"
+RUNTIME=$(sed -n 's/^fastest: \([0-9]*\)\..*/\1/p' "$OUT/runtimes.txt")
+say "(a3) will run on runtime $RUNTIME"
 
 say "2/3 series: $PAIRS rounds of (a2) (a3) (c), $MESSAGES messages each, then the floors"
-"$BIN" --bench --series "$PAIRS" --messages "$MESSAGES" --relay-shape "$SHAPE" | tee "$OUT/series.txt"
+"$BIN" --bench --series "$PAIRS" --messages "$MESSAGES" --relay-shape "$SHAPE" \
+    --work-relay-runtime "$RUNTIME" | tee "$OUT/series.txt"
 C=$(sed -n 's/^(c) worker from spawn, median *\([0-9]*\) msgs\/s.*/\1/p' "$OUT/series.txt")
 RATE=$((C / 2))
 say "3/3 latency: three runs at $RATE msgs/s (half of (c)'s median $C), $LATENCY_SECONDS s each"
@@ -50,7 +55,7 @@ done
 
 echo
 echo "== issue 39 summary ($(date -u +%F\ %H:%M) UTC, $(git rev-parse --short HEAD)) =="
-grep -E '^ *[0-9]+\. median|^fastest' "$OUT/shapes.txt"
+grep -E '^ *[0-9]+\. median|^fastest' "$OUT/shapes.txt" "$OUT/runtimes.txt"
 grep -E '^\((a2|a3|c|d)\)|^Redis CPU|^Postgres CPU|^Redis reply|^series ' "$OUT/series.txt"
 for i in 1 2 3; do
     grep -E '^\(g\)' "$OUT/latency$i.txt" | sed "s/^/run $i: /"

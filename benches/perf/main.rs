@@ -50,13 +50,16 @@
 //! [--messages M] [--recipients R] [--small-recipients S] [--pool-decisions D] [--sample K]
 //! [--hot-recipients H] [--hot-decisions N] [--worker-prefetch N] [--latency-seconds S]
 //! [--relay-shapes ROUNDS] [--decision-phases-only 1] [--end-to-end-only 1] [--latency-rate R]
-//! [--relay-prefetch N] [--relay-shapes-short ROUNDS] [--relay-shape K] [--series PAIRS]`
+//! [--relay-prefetch N] [--relay-shapes-short ROUNDS] [--relay-shape K] [--series PAIRS]
+//! [--work-relay-runtimes ROUNDS] [--work-relay-runtime K]`
 //! (`--relay-shapes` runs only (a2) in every shape the relay can take, alternating, to choose
 //! the ceiling's, see `relay`; `--decision-phases-only` runs the warm-up, (a1) and (b) alone:
 //! no broker, no worker; `--end-to-end-only` runs (a2), (c) and (d) alone; `--latency-rate`
 //! runs (g) alone at R msgs/s; `--relay-shapes-short` compares only the short list of relay
 //! shapes, `--relay-shape K` runs (a2) in the K-th of them; `--series` runs issue 39's series,
-//! see `phases::series`, with (a3) the work relay of `phases::work_relay`)
+//! see `phases::series`, with (a3) the work relay of `phases::work_relay`;
+//! `--work-relay-runtimes` compares (a3) alone on each runtime, `--work-relay-runtime K` runs
+//! it on the K-th)
 //! (cargo runs the bench executable as `perf-HASH --bench ARGS`; it can be run so directly).
 //!
 //! Layout: `main` parses the flags, runs the phases in this order: warm-up, (a1) with (b), (a2)
@@ -121,6 +124,10 @@ async fn main() {
     let mut bench = Bench::open(args.clone()).await;
     if args.relay_shapes > 0 || args.relay_shapes_short > 0 {
         phases::end_to_end::compare_relay_shapes(&bench).await;
+        return;
+    }
+    if args.work_relay_runtimes > 0 {
+        phases::work_relay::compare_runtimes(&bench).await;
         return;
     }
     if args.series > 0 {

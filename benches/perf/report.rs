@@ -181,3 +181,33 @@ pub fn rate(n: usize, d: Duration) -> f64 {
 pub fn ms(seconds: Option<f64>) -> String {
     seconds.map_or_else(|| "n/a".to_owned(), |s| format!("{:.2} ms", s * 1e3))
 }
+
+/// Prints each candidate's rates over alternating rounds, its median and the fastest, as
+/// `fastest: K. at R msgs/s: NAME` (benches/perf/issue39.sh reads K): how a ceiling's shape
+/// or runtime is chosen. `names[i]` ran at `rates[i]`.
+pub fn print_fastest(title: &str, names: &[String], rates: Vec<Vec<f64>>) {
+    println!("{title}:");
+    let mut best = (0.0, 0);
+    for (i, (name, mut r)) in names.iter().zip(rates).enumerate() {
+        let runs = r
+            .iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" / ");
+        r.sort_by(f64::total_cmp);
+        let median = r.get(r.len() / 2).copied().unwrap_or(0.0);
+        if median > best.0 {
+            best = (median, i);
+        }
+        println!(
+            "  {:>2}. median {median:>6.0} msgs/s  ({runs})  {name}",
+            i + 1
+        );
+    }
+    let fastest = names.get(best.1).map_or("", String::as_str);
+    println!(
+        "fastest: {}. at {:.0} msgs/s: {fastest}",
+        best.1 + 1,
+        best.0
+    );
+}

@@ -22,7 +22,7 @@ use crate::procs::{context_switches, proc_number, segments_sent, thread_ticks, P
 use crate::progress::Progress;
 use crate::queues::{bodies, prepublish, queued};
 use crate::relay::RelayShape;
-use crate::report::{ms, rate, Report};
+use crate::report::{ms, print_fastest, rate, Report};
 use crate::scrape::{counter, histogram, http_get, Histogram};
 use crate::support::TestEnv;
 use crate::worker::WorkerChoice;
@@ -464,32 +464,10 @@ pub async fn compare_relay_shapes(bench: &Bench) {
             rates[i].push(r);
         }
     }
-    println!(
-        "(a2) relay shapes, {} messages a run, {rounds} alternating rounds:",
+    let names: Vec<String> = shapes.iter().map(|s| s.describe()).collect();
+    let title = format!(
+        "(a2) relay shapes, {} messages a run, {rounds} alternating rounds",
         bodies.len()
     );
-    let mut best = (0.0, 0);
-    for (i, (shape, mut r)) in shapes.iter().zip(rates).enumerate() {
-        let runs = r
-            .iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(" / ");
-        r.sort_by(f64::total_cmp);
-        let median = r[r.len() / 2];
-        if median > best.0 {
-            best = (median, i);
-        }
-        println!(
-            "  {:>2}. median {median:>6.0} msgs/s  ({runs})  {}",
-            i + 1,
-            shape.describe()
-        );
-    }
-    println!(
-        "fastest: {}. at {:.0} msgs/s: {}",
-        best.1 + 1,
-        best.0,
-        shapes[best.1].describe()
-    );
+    print_fastest(&title, &names, rates);
 }

@@ -52,6 +52,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, pairs: usize, report: &mu
     let m = bench.args.messages;
     let body = bodies(m);
     let shape = bench.args.relay_shape();
+    let a3_runtime = bench.args.work_relay_runtime();
     let relay_env = TestEnv::with_queue_type("", QueueType::Quorum).await;
     let headline = Arc::new(policy(""));
     let procs = &bench.procs;
@@ -70,7 +71,8 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, pairs: usize, report: &mu
                     s.a2.push(r);
                 }
                 "a3" => {
-                    let r = work_relay_run(&body, procs, &mut s.a3_cpu, headline.clone()).await;
+                    let (cpu, policy) = (&mut s.a3_cpu, headline.clone());
+                    let r = work_relay_run(&body, procs, cpu, policy, a3_runtime).await;
                     s.a3_requests += (replies_written(bench).await - before) / m as f64;
                     s.a3.push(r);
                 }
@@ -152,9 +154,10 @@ fn figures(report: &mut Report, bench: &Bench, s: &Sides, pairs: usize, shape: R
         "",
         None,
         &format!(
-            ">= {C_OVER_A3_MIN} ({}; {pairs} rounds of {} messages)",
+            ">= {C_OVER_A3_MIN} ({}; {pairs} rounds of {} messages; (a3) on the {})",
             joined(&c_a3, 2),
-            bench.args.messages
+            bench.args.messages,
+            bench.args.work_relay_runtime().describe()
         ),
         Some(median(&c_a3) >= C_OVER_A3_MIN),
     );

@@ -9,8 +9,11 @@
 //! rollups, verdict counts) is its own cost, not the job's, and is left out.
 //!
 //! It runs in the shape of the fastest no-work relay (one connection, a consume and a publish
-//! channel, prefetch 1000, a task per delivery on tokio's multi-thread runtime of two workers,
-//! coalesced acks), on connections to Redis and Postgres of its own, opened on its runtime.
+//! channel, prefetch 1000, a task per delivery, coalesced acks), on connections to Redis and
+//! Postgres of its own, opened on its runtime. Which runtime is fastest for this work is
+//! measured, not assumed: `--work-relay-runtimes ROUNDS` runs it on each of
+//! [`WORK_RELAY_RUNTIMES`] alternately and names the fastest, which `--work-relay-runtime K`
+//! then picks (benches/perf/issue39.sh does both).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,16 +31,26 @@ use sendquota::internals::policy::Policy;
 use sendquota::internals::store::RedisConn;
 use tokio::sync::mpsc;
 
+use super::Bench;
 use crate::procs::{Procs, Tally};
+use crate::queues::bodies;
 use crate::queues::{
     broker_phase, connection_pair, consume_requests, empty_broker_queues, prefetching_channel,
     spawn_each, Runtime,
 };
 use crate::relay::{ack_coalesced, RELAY_PREFETCH};
-use crate::report::rate;
+use crate::report::{print_fastest, rate};
 use crate::support::TestEnv;
 
-/// The runtime (a3) runs on: the issue's relay's.
+/// The runtimes `--work-relay-runtimes` compares (a3) on: the worker's (current-thread), a
+/// multi-thread runtime of one worker, and the issue's relay's (two workers).
+pub const WORK_RELAY_RUNTIMES: [Runtime; 3] = [
+    Runtime::CurrentThread,
+    Runtime::Workers(1),
+    Runtime::Workers(2),
+];
+
+/// The runtime (a3) runs on unless `--work-relay-runtime` picks another: the issue's relay's.
 pub const WORK_RELAY_RUNTIME: Runtime = Runtime::Workers(2);
 
 /// What each delivery's task needs: the worker's clients, opened on the relay's runtime.
@@ -166,29 +179,21 @@ async fn work_relay(settings: Settings, policy: Arc<Policy>, names: Names, n: us
 }
 
 /// (a3) once on a fresh namespace (its own keys and denial table, as (c) gets): queue the
-/// bodies, relay them, check the admitted half reached the sink and the refused half has rows.
-/// Returns the rate.
+/// bodies, relay them on `runtime`, check the admitted half reached the sink and the refused
+/// half has rows. Returns the rate.
 pub async fn work_relay_run(
     bodies: &[Vec<u8>],
     procs: &Procs,
     tally: &mut Tally,
     policy: Arc<Policy>,
+    runtime: Runtime,
 ) -> f64 {
     let env = TestEnv::with_queue_type("", sendquota::config::QueueType::Quorum).await;
     let m = bodies.len();
     let settings = env.settings.clone();
     let phase = move |names, n| work_relay(settings, policy, names, n);
-    let (took, routed) = broker_phase(
-        &env,
-        bodies,
-        procs,
-        tally,
-        "a3",
-        m / 2,
-        WORK_RELAY_RUNTIME,
-        phase,
-    )
-    .await;
+    let (took, routed) =
+        broker_phase(&env, bodies, procs, tally, "a3", m / 2, runtime, phase).await;
     let denied = env.denial_rows().await as usize;
     assert!(
         routed + denied >= m,
@@ -197,4 +202,31 @@ pub async fn work_relay_run(
     empty_broker_queues(&env).await;
     crate::keyspace::purge_namespace(&env, "a3 cleanup").await;
     rate(m, took)
+}
+
+/// `--work-relay-runtimes ROUNDS`: (a3) on each of [`WORK_RELAY_RUNTIMES`], `rounds`
+/// alternating rounds; prints each runtime's rates and median, and the fastest (as
+/// `fastest: K.`, which benches/perf/issue39.sh reads).
+pub async fn compare_runtimes(bench: &Bench) {
+    let rounds = bench.args.work_relay_runtimes;
+    let bodies = bodies(bench.args.messages);
+    let policy = Arc::new(crate::decision_path::policy(""));
+    let mut rates = vec![Vec::new(); WORK_RELAY_RUNTIMES.len()];
+    for round in 0..rounds {
+        for (i, runtime) in WORK_RELAY_RUNTIMES.iter().enumerate() {
+            let what = runtime.describe();
+            eprintln!("[a3 runtimes] round {}/{rounds}: {what}", round + 1);
+            let mut tally = Tally::default();
+            let r = work_relay_run(&bodies, &bench.procs, &mut tally, policy.clone(), *runtime);
+            let r = r.await;
+            eprintln!("[a3 runtimes]   {r:.0} msgs/s");
+            rates[i].push(r);
+        }
+    }
+    let names: Vec<String> = WORK_RELAY_RUNTIMES.iter().map(|r| r.describe()).collect();
+    let title = format!(
+        "(a3) work relay runtimes, {} messages a run, {rounds} alternating rounds",
+        bodies.len()
+    );
+    print_fastest(&title, &names, rates);
 }
