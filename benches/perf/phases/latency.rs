@@ -54,10 +54,11 @@ pub async fn run(
             format!(" = {:.0}% of (c)", l.achieved / c * 100.0)
         });
         format!(
-            "max {}; {}{}; {} of {} dispatched at {:.0} msgs/s{of_c}, {} s after {} s warm-up",
+            "max {}; {}{}; {}; {} of {} dispatched at {:.0} msgs/s{of_c}, {} s after {} s warm-up",
             ms(l.quantile(1.0)),
             l.tail,
             l.stages,
+            l.wal,
             l.samples.len(),
             l.counted,
             l.achieved,
@@ -92,6 +93,8 @@ struct Latency {
     tail: String,
     /// The worker's own stage latencies ([`worker_stages`]); empty for the relay.
     stages: String,
+    /// Whether the broker's write-ahead log was rolled over before the run ([`roll_broker_wal`]).
+    wal: String,
     /// Counted messages published, and per second while they were.
     counted: usize,
     achieved: f64,
@@ -127,6 +130,7 @@ async fn latency_run(
     tally: &mut Tally,
 ) -> Latency {
     let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
+    let wal = roll_broker_wal().await;
     let warm = (rate * LATENCY_WARM_UP.as_secs_f64()).ceil() as usize;
     let total = warm + (rate * seconds as f64).ceil() as usize;
     let origin = Instant::now();
@@ -160,7 +164,7 @@ async fn latency_run(
         .collect();
     let mut samples: Vec<u64> = counted_arrivals.iter().map(|&(_, ns)| ns).collect();
     samples.sort_unstable();
-    let tail = tail_spread(&counted_arrivals, &samples, rate);
+    let tail = tail_spread(&counted_arrivals, &samples, rate, paced.began_utc);
     let counted = total - warm;
     let publishing = paced
         .counted_from
@@ -169,8 +173,37 @@ async fn latency_run(
         samples,
         tail,
         stages,
+        wal,
         counted,
         achieved: counted as f64 / publishing.as_secs_f64().max(PACE.as_secs_f64()),
+    }
+}
+
+/// Rolls the local RabbitMQ's quorum-queue write-ahead log over and waits for its segment
+/// writer, so that no run of (g) pays for a roll-over the other side did not: the WAL rolls
+/// at 512 MiB (`wal_max_size_bytes`), and the segment writer then copies every queue's entries
+/// out for seconds while the broker stalls; one run in six paid for one (p99 524 ms against
+/// 10-25 ms for the others, 2026-11-29). A (g) run writes far less than 512 MiB. Says so, or
+/// why it could not (no `rabbitmqctl` here, another broker): then runs are comparable only
+/// when neither paid.
+async fn roll_broker_wal() -> String {
+    const ROLL: &str = "ok = ra_log_wal:force_roll_over(ra_log_wal), \
+                        ra_log_segment_writer:await(ra_log_segment_writer).";
+    let roll = || {
+        std::process::Command::new("rabbitmqctl")
+            .args(["eval", ROLL])
+            .output()
+    };
+    match tokio::task::spawn_blocking(roll)
+        .await
+        .expect("rabbitmqctl thread")
+    {
+        Ok(out) if out.status.success() => "the broker's WAL rolled over before the run".into(),
+        Ok(out) => format!(
+            "the broker's WAL not rolled over ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => format!("the broker's WAL not rolled over (rabbitmqctl: {e})"),
     }
 }
 
@@ -197,8 +230,15 @@ fn nearest_rank(sorted: &[u64], q: f64) -> Option<u64> {
 
 /// Where in time the slowest 1% of `arrivals` (`(seq, latency ns)`; `sorted` their latencies)
 /// were published, by 100 ms windows of publish time (`seq / rate`): a tail in few windows is a
-/// stall of some hop, one spread over most windows is a queue that every burst waits in.
-fn tail_spread(arrivals: &[(usize, u64)], sorted: &[u64], rate: f64) -> String {
+/// stall of some hop, one spread over most windows is a queue that every burst waits in. Each
+/// window also gets its time of day (UTC, from `began`, when publishing began), to set beside
+/// the services' own logs and files.
+fn tail_spread(
+    arrivals: &[(usize, u64)],
+    sorted: &[u64],
+    rate: f64,
+    began: chrono::DateTime<chrono::Utc>,
+) -> String {
     let Some(p99) = nearest_rank(sorted, 0.99) else {
         return "no samples".to_owned();
     };
@@ -222,7 +262,14 @@ fn tail_spread(arrivals: &[(usize, u64)], sorted: &[u64], rate: f64) -> String {
     let at: Vec<String> = worst
         .iter()
         .take(4)
-        .map(|&(n, w)| format!("{n} at {:.1} s", w as f64 / 10.0))
+        .map(|&(n, w)| {
+            let at = began + chrono::Duration::milliseconds(w as i64 * 100);
+            format!(
+                "{n} at {:.1} s, {}",
+                w as f64 / 10.0,
+                at.format("%H:%M:%S%.3f")
+            )
+        })
         .collect();
     format!(
         "the slowest 1% in {} of {} 100-ms windows ({})",
@@ -235,6 +282,7 @@ fn tail_spread(arrivals: &[(usize, u64)], sorted: &[u64], rate: f64) -> String {
 /// When [`publish_paced`] began, published its first counted request and its last one.
 struct Paced {
     began: Instant,
+    began_utc: chrono::DateTime<chrono::Utc>,
     counted_from: Option<Instant>,
     last_sent: Instant,
 }
@@ -252,7 +300,7 @@ async fn publish_paced(
     let mut ticks = tokio::time::interval(PACE);
     let mut confirms = FuturesUnordered::new();
     let (mut sent, mut counted_from, mut last_sent) = (0usize, None, Instant::now());
-    let began = Instant::now();
+    let (began, began_utc) = (Instant::now(), chrono::Utc::now());
     while sent < total || !confirms.is_empty() {
         tokio::select! {
             Some(confirm) = confirms.next(), if !confirms.is_empty() => {
@@ -288,6 +336,7 @@ async fn publish_paced(
     }
     Paced {
         began,
+        began_utc,
         counted_from,
         last_sent,
     }
