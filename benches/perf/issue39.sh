@@ -5,7 +5,9 @@
 #   2. `perf --series PAIRS`: PAIRS alternating rounds of (a2) in the winning shape, (a3) on the
 #      winning runtime and (c) the worker from spawn at its defaults, then the floors in the same
 #      minutes ((d), the script in (a1)'s loop, the bare denial insert);
-#   3. (g) three times at half of (c)'s median rate, beside the relay's latency;
+#   3. (g) three times at half of (c)'s median rate, beside the relay's latency; then, when
+#      LATENCY_RATES is set (say "3000 4000 5000"), three rounds of (g) at each of those rates,
+#      alternating, to find the highest rate at which the worker keeps within the relay's p99;
 # then the medians and ratios. Everything it prints is also kept in OUT (default /tmp/issue39).
 #
 #   benches/perf/issue39.sh                       # the full series (about 12-15 min quiet)
@@ -19,6 +21,7 @@ SHAPE_ROUNDS=${SHAPE_ROUNDS:-3}
 MESSAGES=${MESSAGES:-60000}
 SHAPE_MESSAGES=${SHAPE_MESSAGES:-30000}
 LATENCY_SECONDS=${LATENCY_SECONDS:-20}
+LATENCY_RATES=${LATENCY_RATES:-}
 OUT=${OUT:-/tmp/issue39}
 mkdir -p "$OUT"
 
@@ -52,6 +55,13 @@ for i in 1 2 3; do
     "$BIN" --bench --latency-rate "$RATE" --latency-seconds "$LATENCY_SECONDS" --relay-shape "$SHAPE" |
         tee "$OUT/latency$i.txt"
 done
+for round in 1 2 3; do
+    for rate in $LATENCY_RATES; do
+        say "latency sweep: round $round at $rate msgs/s"
+        "$BIN" --bench --latency-rate "$rate" --latency-seconds "$LATENCY_SECONDS" \
+            --relay-shape "$SHAPE" | tee "$OUT/sweep-$rate-$round.txt"
+    done
+done
 
 echo
 echo "== issue 39 summary ($(date -u +%F\ %H:%M) UTC, $(git rev-parse --short HEAD)) =="
@@ -59,4 +69,9 @@ grep -E '^ *[0-9]+\. median|^fastest' "$OUT/shapes.txt" "$OUT/runtimes.txt"
 grep -E '^\((a2|a3|c|d)\)|^Redis CPU|^Postgres CPU|^Redis reply|^series ' "$OUT/series.txt"
 for i in 1 2 3; do
     grep -E '^\(g\)' "$OUT/latency$i.txt" | sed "s/^/run $i: /"
+done
+for rate in $LATENCY_RATES; do
+    for round in 1 2 3; do
+        grep -E '^\(g\)' "$OUT/sweep-$rate-$round.txt" | cut -c1-110 | sed "s/^/$rate msgs\/s, round $round: /"
+    done
 done
