@@ -50,8 +50,9 @@ pub const WORK_RELAY_RUNTIMES: [Runtime; 3] = [
     Runtime::Workers(2),
 ];
 
-/// The runtime (a3) runs on unless `--work-relay-runtime` picks another: the relay's.
-pub const WORK_RELAY_RUNTIME: Runtime = Runtime::Workers(2);
+/// The runtime (a3) runs on unless `--work-relay-runtime` picks another: the one that measured
+/// fastest (`--work-relay-runtimes`; the figures are in docs/performance.md, (a3)).
+pub const WORK_RELAY_RUNTIME: Runtime = Runtime::CurrentThread;
 
 /// What each delivery's task needs: the worker's clients, opened on the relay's runtime.
 struct Work {
