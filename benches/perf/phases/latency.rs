@@ -192,10 +192,9 @@ async fn latency_run(
 /// Rolls the local RabbitMQ's quorum-queue write-ahead log over and waits for its segment
 /// writer, so that no run of (g) pays for a roll-over the other side did not: the WAL rolls
 /// at 512 MiB (`wal_max_size_bytes`), and the segment writer then copies every queue's entries
-/// out for seconds while the broker stalls; one run in six paid for one (p99 524 ms against
-/// 10-25 ms for the others, 2026-11-29). A (g) run writes far less than 512 MiB. Says so, or
-/// why it could not (no `rabbitmqctl` here, another broker): then runs are comparable only
-/// when neither paid.
+/// out for seconds while the broker stalls, which decides the p99 of the run it lands in
+/// (docs/performance.md). A (g) run writes far less than 512 MiB. Says so, or why it could not
+/// (no `rabbitmqctl` here, another broker): then runs are comparable only when neither paid.
 async fn roll_broker_wal() -> String {
     const ROLL: &str = "ok = ra_log_wal:force_roll_over(ra_log_wal), \
                         ra_log_segment_writer:await(ra_log_segment_writer).";

@@ -33,10 +33,9 @@ use tokio::sync::mpsc;
 
 use super::Bench;
 use crate::procs::{Procs, Tally};
-use crate::queues::bodies;
 use crate::queues::{
-    broker_phase, connection_pair, consume_requests, empty_broker_queues, prefetching_channel,
-    spawn_each, Runtime,
+    bodies, broker_phase, connection_pair, consume_requests, empty_broker_queues,
+    prefetching_channel, spawn_each, Runtime,
 };
 use crate::relay::{ack_coalesced, RELAY_PREFETCH};
 use crate::report::{print_fastest, rate};
@@ -217,9 +216,8 @@ pub async fn compare_runtimes(bench: &Bench) {
         for (i, runtime) in WORK_RELAY_RUNTIMES.iter().enumerate() {
             let what = runtime.describe();
             eprintln!("[a3 runtimes] round {}/{rounds}: {what}", round + 1);
-            let mut tally = Tally::default();
-            let r = work_relay_run(&bodies, &bench.procs, &mut tally, policy.clone(), *runtime);
-            let r = r.await;
+            let (mut tally, policy) = (Tally::default(), policy.clone());
+            let r = work_relay_run(&bodies, &bench.procs, &mut tally, policy, *runtime).await;
             eprintln!("[a3 runtimes]   {r:.0} msgs/s");
             rates[i].push(r);
         }
