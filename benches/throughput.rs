@@ -108,8 +108,7 @@ impl Ticks {
             idle,
             redis: common::cpu_ticks(redis_pid).unwrap_or(0),
             rabbit: sum(common::pids_named("beam.smp")),
-            // Backends come and go; one that exited during the run is missed (a little).
-            postgres: sum(common::pids_named("postgres")),
+            postgres: common::postgres_ticks(),
             bench: common::cpu_ticks("self").unwrap_or(0),
         }
     }

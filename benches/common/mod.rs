@@ -118,6 +118,33 @@ pub fn pids_named(comm: &str) -> Vec<String> {
         .collect()
 }
 
+/// CPU ticks of Postgres: every `postgres` process alive now, plus what the postmaster's
+/// exited children (backends, autovacuum workers) spent, which the kernel adds to its
+/// children's time when it reaps them. Without the latter a phase in which a busy backend of
+/// an earlier phase exits would lose that backend's whole lifetime and read as next to none.
+pub fn postgres_ticks() -> u64 {
+    pids_named("postgres")
+        .iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+            let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+            // After the name: state, ppid (1), ..., utime (11), stime (12), cutime (13),
+            // cstime (14). The postmaster is the one whose parent is not a postgres process.
+            let own = field(11)? + field(12)?;
+            let parent = fields.get(1).copied().unwrap_or("");
+            let postmaster = std::fs::read_to_string(format!("/proc/{parent}/comm"))
+                .map_or(true, |c| c.trim() != "postgres");
+            let reaped = if postmaster {
+                field(13)? + field(14)?
+            } else {
+                0
+            };
+            Some(own + reaped)
+        })
+        .sum()
+}
+
 /// Busy and idle ticks of the whole machine since boot, summed over cores.
 pub fn machine_ticks() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();

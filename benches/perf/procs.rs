@@ -81,11 +81,7 @@ impl Procs {
             bench: cpu_ticks("self").unwrap_or(0),
             redis: cpu_ticks(&self.redis).unwrap_or(0),
             rabbit: self.rabbit.iter().filter_map(|p| cpu_ticks(p)).sum(),
-            // Backends come and go; what exited during the phase is missed (a little).
-            postgres: pids_named("postgres")
-                .iter()
-                .filter_map(|p| cpu_ticks(p))
-                .sum(),
+            postgres: common::postgres_ticks(),
             worker: worker.and_then(|p| cpu_ticks(&p.to_string())).unwrap_or(0),
         }
     }

@@ -1,10 +1,11 @@
 //! `--series PAIRS`: issue 39's series in one run. PAIRS alternating rounds of (a2) the no-work
 //! relay, (a3) the work relay and (c) the worker from spawn (the order turns every round:
-//! a2 a3 c, c a3 a2, ...), each on the same backlog; then, in the same minutes, the floors each
-//! process is held to: the worker's (d) floor, the worker's own Redis calls in (a1)'s bare
-//! pipelined loop (Redis CPU per message) and the worker's denial statement alone in batches of
-//! the worker's size (Postgres CPU per denial row). Prints each run, the medians of (c)/(a3) and
-//! (c)/(a2) over the rounds, and each process's CPU per message against its floor.
+//! a2 a3 c, c a3 a2, ...), each on the same backlog; after each round's sides, in the same
+//! minutes, the floors each process is held to: the worker's (d) floor, the worker's own Redis
+//! calls in (a1)'s bare pipelined loop (Redis CPU per message) and the worker's denial
+//! statement alone in batches of the worker's size (Postgres CPU per denial row). Prints each
+//! run, the medians of (c)/(a3) and (c)/(a2) over the rounds, and each process's CPU per
+//! message, over all rounds, against its floor's over all rounds.
 
 use std::sync::Arc;
 
@@ -57,6 +58,8 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, pairs: usize, report: &mu
     let headline = Arc::new(policy(""));
     let procs = &bench.procs;
     let mut s = Sides::default();
+    let (mut floor, mut script, mut insert) =
+        (Tally::default(), Tally::default(), Tally::default());
     for round in 0..pairs {
         let mut order = ["a2", "a3", "c"];
         if round % 2 == 1 {
@@ -84,12 +87,14 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, pairs: usize, report: &mu
             }
             eprintln!("[series]   {side} {:.0} msgs/s", last(&s, side));
         }
+        // The floors once a round, in the same minutes as the round's sides: each figure is
+        // then a mean over the rounds, as (c)'s is, not one run's.
+        eprintln!("[series] round {}/{pairs}: the floors", round + 1);
+        floor_run(&relay_env, &body, procs, &mut floor, worker).await;
+        redis_floor(bench, &mut script).await;
+        insert_floor(bench, m / 2, &mut insert).await;
     }
-    let mut floor = Tally::default();
-    floor_run(&relay_env, &body, procs, &mut floor, worker).await;
     drop(relay_env);
-    let script = redis_floor(bench).await;
-    let insert = insert_floor(bench, m / 2).await;
     figures(report, bench, &s, pairs, shape);
     floors(report, bench, &s, &floor, &script, &insert);
 }
@@ -183,9 +188,12 @@ fn figures(report: &mut Report, bench: &Bench, s: &Sides, pairs: usize, shape: R
 /// and for each admitted one the worker's dispatch mark (`DispatchMarks::add_mark`), in
 /// pipelines of `--pipeline`, `--in-flight` at a time. Redis's CPU per message with nothing of
 /// the worker around its calls: the floor of (c)'s Redis CPU.
-async fn redis_floor(bench: &Bench) -> Tally {
+async fn redis_floor(bench: &Bench, tally: &mut Tally) {
     let m = bench.args.messages;
-    let prefix = format!("s39-{}-", std::process::id());
+    // Fresh recipients every run: a second run on the same keys would find their day taken.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let prefix = format!("s39-{}-{run}-", std::process::id());
     let messages: Vec<_> = (0..m)
         .map(|i| decode(&format!("{prefix}m{i}"), &format!("{prefix}r{}", i / 2)))
         .collect();
@@ -197,7 +205,6 @@ async fn redis_floor(bench: &Bench) -> Tally {
     );
     let claim = Claim::new(settings.worker.claim_lease_ms);
     let at = bench.at();
-    let mut tally = Tally::default();
     let mut progress = Progress::new("series: Redis floor", m);
     let before = bench.procs.snap(None).await;
     let began = std::time::Instant::now();
@@ -250,13 +257,12 @@ async fn redis_floor(bench: &Bench) -> Tally {
         admitted,
         began.elapsed(),
     );
-    tally
 }
 
 /// The worker's denial statement alone (`DenialStore::insert_batch`, the statement its writer
 /// sends), `n` rows in batches of the worker's size into a fresh namespace's table: Postgres's
 /// CPU per denial row with nothing else of the worker's around it.
-async fn insert_floor(bench: &Bench, n: usize) -> Tally {
+async fn insert_floor(bench: &Bench, n: usize, tally: &mut Tally) {
     let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
     let store = DenialStore::from_pool(env.pool.clone());
     let batch = env.settings.worker.denial_batch_size.max(1);
@@ -269,7 +275,6 @@ async fn insert_floor(bench: &Bench, n: usize) -> Tally {
             ..DenialRow::for_message(&decode(&format!("m{i}"), &format!("r{i}")), now)
         })
         .collect();
-    let mut tally = Tally::default();
     let mut progress = Progress::new("series: insert floor", n);
     let before = bench.procs.snap(None).await;
     let began = std::time::Instant::now();
@@ -278,7 +283,6 @@ async fn insert_floor(bench: &Bench, n: usize) -> Tally {
         progress.add(chunk.len());
     }
     tally.add(before, bench.procs.snap(None).await, n, 0, began.elapsed());
-    tally
 }
 
 /// Each process's CPU per message in (c) against its floor.
