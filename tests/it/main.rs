@@ -8,6 +8,7 @@ mod support;
 
 mod admin_api;
 mod attributes;
+mod bench_measures;
 mod bucket_kinds_model;
 mod calendar_quota_model;
 mod cli;
