@@ -3,8 +3,8 @@
 #   1. the short list of (a2) relay shapes, SHAPE_ROUNDS alternating rounds, medians and winner;
 #      then (a3) the work relay on each runtime, SHAPE_ROUNDS alternating rounds, and its winner;
 #   2. `perf --series PAIRS`: PAIRS alternating rounds of (a2) in the winning shape, (a3) on the
-#      winning runtime and (c) the worker from spawn at its defaults, then the floors in the same
-#      minutes ((d), the script in (a1)'s loop, the bare denial insert);
+#      winning runtime and (c) the worker from spawn at its defaults, each round followed by the
+#      floors ((d), the worker's calls in (a1)'s loop, the bare denial insert);
 #   3. (g) three times at half of (c)'s median rate, beside the relay's latency; then, when
 #      LATENCY_RATES is set (say "3000 4000 5000"), three rounds of (g) at each of those rates,
 #      alternating, to find the highest rate at which the worker keeps within the relay's p99;
