@@ -122,27 +122,34 @@ pub fn pids_named(comm: &str) -> Vec<String> {
 /// exited children (backends, autovacuum workers) spent, which the kernel adds to its
 /// children's time when it reaps them. Without the latter a phase in which a busy backend of
 /// an earlier phase exits would lose that backend's whole lifetime and read as next to none.
+/// The postmaster's children's time is read last: a backend that exits meanwhile is then
+/// counted twice at worst, never lost.
 pub fn postgres_ticks() -> u64 {
-    pids_named("postgres")
-        .iter()
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-            let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
-            // After the name: state, ppid (1), ..., utime (11), stime (12), cutime (13),
-            // cstime (14). The postmaster is the one whose parent is not a postgres process.
-            let own = field(11)? + field(12)?;
-            let parent = fields.get(1).copied().unwrap_or("");
-            let postmaster = std::fs::read_to_string(format!("/proc/{parent}/comm"))
-                .map_or(true, |c| c.trim() != "postgres");
-            let reaped = if postmaster {
-                field(13)? + field(14)?
-            } else {
-                0
-            };
-            Some(own + reaped)
-        })
-        .sum()
+    // After the name: state, ppid (1), ..., utime (11), stime (12), cutime (13), cstime (14).
+    let fields = |pid: &str| -> Option<Vec<u64>> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        Some(
+            rest.split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect(),
+        )
+    };
+    let (mut live, mut postmaster) = (0, None);
+    for pid in pids_named("postgres") {
+        let Some(f) = fields(&pid) else { continue };
+        live += f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
+        // The postmaster is the one whose parent is not a postgres process.
+        let parent = f.get(1).map_or(String::new(), u64::to_string);
+        let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
+        if comm.trim() != "postgres" {
+            postmaster = Some(pid);
+        }
+    }
+    let reaped = postmaster
+        .and_then(|pid| fields(&pid))
+        .map_or(0, |f| f.get(13).unwrap_or(&0) + f.get(14).unwrap_or(&0));
+    live + reaped
 }
 
 /// Busy and idle ticks of the whole machine since boot, summed over cores.
