@@ -118,38 +118,59 @@ pub fn pids_named(comm: &str) -> Vec<String> {
         .collect()
 }
 
-/// CPU ticks of Postgres: every `postgres` process alive now, plus what the postmaster's
-/// exited children (backends, autovacuum workers) spent, which the kernel adds to its
+/// CPU ticks of Postgres: [`postgres_ticks_of`] summed over every Postgres server (postmaster)
+/// running here; the benches run one.
+pub fn postgres_ticks() -> u64 {
+    postmasters().iter().map(|pm| postgres_ticks_of(pm)).sum()
+}
+
+/// The Postgres servers running here: the `postgres` processes whose parent is not one.
+pub fn postmasters() -> Vec<String> {
+    pids_named("postgres")
+        .into_iter()
+        .filter(|pid| {
+            let parent = proc_stat(pid).and_then(|f| f.get(1).copied());
+            let comm = parent.map(|p| std::fs::read_to_string(format!("/proc/{p}/comm")));
+            !matches!(comm, Some(Ok(c)) if c.trim() == "postgres")
+        })
+        .collect()
+}
+
+/// The parent of a process: a backend's postmaster, say.
+pub fn parent_of(pid: &str) -> Option<String> {
+    proc_stat(pid).and_then(|f| f.get(1).map(u64::to_string))
+}
+
+/// CPU ticks of one Postgres server: its postmaster, every child alive now, and what its exited
+/// children (backends, autovacuum workers) spent, which the kernel adds to the postmaster's
 /// children's time when it reaps them. Without the latter a phase in which a busy backend of
 /// an earlier phase exits would lose that backend's whole lifetime and read as next to none.
-/// The postmaster's children's time is read last: a backend that exits meanwhile is then
-/// counted twice at worst, never lost.
-pub fn postgres_ticks() -> u64 {
-    // After the name: state, ppid (1), ..., utime (11), stime (12), cutime (13), cstime (14).
-    let fields = |pid: &str| -> Option<Vec<u64>> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let rest = &stat[stat.rfind(')')? + 1..];
-        Some(
-            rest.split_whitespace()
-                .map(|f| f.parse().unwrap_or(0))
-                .collect(),
-        )
-    };
-    let (mut live, mut postmaster) = (0, None);
-    for pid in pids_named("postgres") {
-        let Some(f) = fields(&pid) else { continue };
-        live += f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
-        // The postmaster is the one whose parent is not a postgres process.
-        let parent = f.get(1).map_or(String::new(), u64::to_string);
-        let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
-        if comm.trim() != "postgres" {
-            postmaster = Some(pid);
-        }
-    }
-    let reaped = postmaster
-        .and_then(|pid| fields(&pid))
-        .map_or(0, |f| f.get(13).unwrap_or(&0) + f.get(14).unwrap_or(&0));
+/// The children's time is read last: a backend that exits meanwhile is then counted twice at
+/// worst, never lost.
+pub fn postgres_ticks_of(postmaster: &str) -> u64 {
+    let own = |f: &[u64]| f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
+    let live: u64 = pids_named("postgres")
+        .iter()
+        .filter_map(|pid| proc_stat(pid))
+        .filter(|f| f.get(1).map(u64::to_string).as_deref() == Some(postmaster))
+        .map(|f| own(&f))
+        .sum();
+    let reaped = proc_stat(postmaster).map_or(0, |f| {
+        own(&f) + f.get(13).unwrap_or(&0) + f.get(14).unwrap_or(&0)
+    });
     live + reaped
+}
+
+/// The numeric fields of /proc/PID/stat after the command name: state (0, read as 0), ppid
+/// (1), ..., utime (11), stime (12), cutime (13), cstime (14).
+fn proc_stat(pid: &str) -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect(),
+    )
 }
 
 /// Busy and idle ticks of the whole machine since boot, summed over cores.
