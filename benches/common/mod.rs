@@ -62,11 +62,7 @@ pub fn clock_ticks_per_second() -> f64 {
 
 /// utime + stime of `pid` in clock ticks.
 pub fn cpu_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after the command name start at field 3 (state); utime is 14, stime 15.
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    proc_stat(pid).map(|f| own_ticks(&f))
 }
 
 /// The Redis server's process id (INFO server), when that process is on this machine: its CPU
@@ -118,22 +114,10 @@ pub fn pids_named(comm: &str) -> Vec<String> {
         .collect()
 }
 
-/// CPU ticks of Postgres: [`postgres_ticks_of`] summed over every Postgres server (postmaster)
-/// running here; the benches run one.
+/// CPU ticks of Postgres: every Postgres server (postmaster) running here, as
+/// [`postgres_ticks_of`] counts one; the benches run one.
 pub fn postgres_ticks() -> u64 {
-    postmasters().iter().map(|pm| postgres_ticks_of(pm)).sum()
-}
-
-/// The Postgres servers running here: the `postgres` processes whose parent is not one.
-pub fn postmasters() -> Vec<String> {
-    pids_named("postgres")
-        .into_iter()
-        .filter(|pid| {
-            let parent = proc_stat(pid).and_then(|f| f.get(1).copied());
-            let comm = parent.map(|p| std::fs::read_to_string(format!("/proc/{p}/comm")));
-            !matches!(comm, Some(Ok(c)) if c.trim() == "postgres")
-        })
-        .collect()
+    postgres_ticks_among(None)
 }
 
 /// The parent of a process: a backend's postmaster, say.
@@ -145,20 +129,47 @@ pub fn parent_of(pid: &str) -> Option<String> {
 /// children (backends, autovacuum workers) spent, which the kernel adds to the postmaster's
 /// children's time when it reaps them. Without the latter a phase in which a busy backend of
 /// an earlier phase exits would lose that backend's whole lifetime and read as next to none.
-/// The children's time is read last: a backend that exits meanwhile is then counted twice at
-/// worst, never lost.
 pub fn postgres_ticks_of(postmaster: &str) -> u64 {
-    let own = |f: &[u64]| f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
-    let live: u64 = pids_named("postgres")
+    postgres_ticks_among(Some(postmaster))
+}
+
+/// [`postgres_ticks_of`] `server`, or of every server: one pass over the `postgres` processes
+/// (a postmaster is one whose parent is not among them), then the postmasters' children's
+/// time, read last: a backend that exits meanwhile is then counted twice at worst, never lost.
+fn postgres_ticks_among(server: Option<&str>) -> u64 {
+    let procs: Vec<(String, Vec<u64>)> = pids_named("postgres")
+        .into_iter()
+        .filter_map(|pid| proc_stat(&pid).map(|f| (pid, f)))
+        .collect();
+    let pids: std::collections::HashSet<&str> = procs.iter().map(|(p, _)| p.as_str()).collect();
+    let (mut live, mut postmasters) = (0, Vec::new());
+    for (pid, f) in &procs {
+        let parent = f.get(1).map(u64::to_string).unwrap_or_default();
+        let postmaster = !pids.contains(parent.as_str());
+        let of = if postmaster {
+            pid.as_str()
+        } else {
+            parent.as_str()
+        };
+        if server.is_some_and(|s| s != of) {
+            continue;
+        }
+        live += own_ticks(f);
+        if postmaster {
+            postmasters.push(pid);
+        }
+    }
+    let reaped: u64 = postmasters
         .iter()
-        .filter_map(|pid| proc_stat(pid))
-        .filter(|f| f.get(1).map(u64::to_string).as_deref() == Some(postmaster))
-        .map(|f| own(&f))
+        .filter_map(|pm| proc_stat(pm))
+        .map(|f| f.get(13).unwrap_or(&0) + f.get(14).unwrap_or(&0))
         .sum();
-    let reaped = proc_stat(postmaster).map_or(0, |f| {
-        own(&f) + f.get(13).unwrap_or(&0) + f.get(14).unwrap_or(&0)
-    });
     live + reaped
+}
+
+/// utime + stime from [`proc_stat`]'s fields.
+fn own_ticks(fields: &[u64]) -> u64 {
+    fields.get(11).unwrap_or(&0) + fields.get(12).unwrap_or(&0)
 }
 
 /// The numeric fields of /proc/PID/stat after the command name: state (0, read as 0), ppid

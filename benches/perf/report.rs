@@ -182,10 +182,35 @@ pub fn ms(seconds: Option<f64>) -> String {
     seconds.map_or_else(|| "n/a".to_owned(), |s| format!("{:.2} ms", s * 1e3))
 }
 
+/// How a ceiling's shape or runtime is chosen: `run(i)` (a rate, msgs/s) for each candidate
+/// `names[i]` in turn, `rounds` alternating rounds, progress on stderr under `label`; then
+/// [`print_fastest`] with `title`.
+pub async fn compare_alternating<F, Fut>(
+    label: &str,
+    title: &str,
+    names: &[String],
+    rounds: usize,
+    mut run: F,
+) where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let mut rates = vec![Vec::new(); names.len()];
+    for round in 0..rounds {
+        for (i, name) in names.iter().enumerate() {
+            eprintln!("[{label}] round {}/{rounds}: {name}", round + 1);
+            let r = run(i).await;
+            eprintln!("[{label}]   {r:.0} msgs/s");
+            rates[i].push(r);
+        }
+    }
+    print_fastest(title, names, rates);
+}
+
 /// Prints each candidate's rates over alternating rounds, its median and the fastest, as
-/// `fastest: K. at R msgs/s: NAME` (benches/perf/issue39.sh reads K): how a ceiling's shape
-/// or runtime is chosen. `names[i]` ran at `rates[i]`.
-pub fn print_fastest(title: &str, names: &[String], rates: Vec<Vec<f64>>) {
+/// `fastest: K. at R msgs/s: NAME` (benches/perf/issue39.sh reads K). `names[i]` ran at
+/// `rates[i]`.
+fn print_fastest(title: &str, names: &[String], rates: Vec<Vec<f64>>) {
     println!("{title}:");
     let mut best = (0.0, 0);
     for (i, (name, mut r)) in names.iter().zip(rates).enumerate() {

@@ -22,7 +22,7 @@ use crate::procs::{context_switches, proc_number, segments_sent, thread_ticks, P
 use crate::progress::Progress;
 use crate::queues::{bodies, prepublish, queued};
 use crate::relay::RelayShape;
-use crate::report::{ms, print_fastest, rate, Report};
+use crate::report::{compare_alternating, ms, rate, Report};
 use crate::scrape::{counter, histogram, http_get, Histogram};
 use crate::support::TestEnv;
 use crate::worker::WorkerChoice;
@@ -450,24 +450,18 @@ pub async fn compare_relay_shapes(bench: &Bench) {
     };
     let bodies = bodies(bench.args.messages);
     let env = TestEnv::with_queue_type("", QueueType::Quorum).await;
-    let mut rates = vec![Vec::new(); shapes.len()];
-    for round in 0..rounds {
-        for (i, shape) in shapes.iter().enumerate() {
-            eprintln!(
-                "[a2 shapes] round {}/{rounds}: {}",
-                round + 1,
-                shape.describe()
-            );
-            let mut tally = Tally::default();
-            let (r, _, _) = relay_run(&env, &bodies, &bench.procs, &mut tally, *shape).await;
-            eprintln!("[a2 shapes]   {r:.0} msgs/s");
-            rates[i].push(r);
-        }
-    }
     let names: Vec<String> = shapes.iter().map(|s| s.describe()).collect();
     let title = format!(
         "(a2) relay shapes, {} messages a run, {rounds} alternating rounds",
         bodies.len()
     );
-    print_fastest(&title, &names, rates);
+    let (env, bodies, procs) = (&env, &bodies, &bench.procs);
+    compare_alternating("a2 shapes", &title, &names, rounds, |i| {
+        let shape = shapes[i];
+        async move {
+            let mut tally = Tally::default();
+            relay_run(env, bodies, procs, &mut tally, shape).await.0
+        }
+    })
+    .await;
 }

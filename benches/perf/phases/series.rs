@@ -91,7 +91,7 @@ pub async fn run(bench: &Bench, worker: &WorkerChoice, pairs: usize, report: &mu
         // then a mean over the rounds, as (c)'s is, not one run's.
         eprintln!("[series] round {}/{pairs}: the floors", round + 1);
         floor_run(&relay_env, &body, procs, &mut floor, worker).await;
-        redis_floor(bench, &mut script).await;
+        redis_floor(bench, round, &mut script).await;
         insert_floor(bench, m / 2, &mut insert).await;
     }
     drop(relay_env);
@@ -187,13 +187,12 @@ fn figures(report: &mut Report, bench: &Bench, s: &Sides, pairs: usize, shape: R
 /// exact EVALSHA the worker sends (`Limiter::claimed_commands`: its keys, arguments and claim),
 /// and for each admitted one the worker's dispatch mark (`DispatchMarks::add_mark`), in
 /// pipelines of `--pipeline`, `--in-flight` at a time. Redis's CPU per message with nothing of
-/// the worker around its calls: the floor of (c)'s Redis CPU.
-async fn redis_floor(bench: &Bench, tally: &mut Tally) {
+/// the worker around its calls: the floor of (c)'s Redis CPU. Each `round` has recipients of
+/// its own; added to `tally`.
+async fn redis_floor(bench: &Bench, round: usize, tally: &mut Tally) {
     let m = bench.args.messages;
-    // Fresh recipients every run: a second run on the same keys would find their day taken.
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let prefix = format!("s39-{}-{run}-", std::process::id());
+    // Fresh recipients every round: a second run on the same keys would find their day taken.
+    let prefix = format!("s39-{}-{round}-", std::process::id());
     let messages: Vec<_> = (0..m)
         .map(|i| decode(&format!("{prefix}m{i}"), &format!("{prefix}r{}", i / 2)))
         .collect();

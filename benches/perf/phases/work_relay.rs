@@ -38,7 +38,7 @@ use crate::queues::{
     prefetching_channel, spawn_each, Runtime,
 };
 use crate::relay::{ack_coalesced, RELAY_PREFETCH};
-use crate::report::{print_fastest, rate};
+use crate::report::{compare_alternating, rate};
 use crate::support::TestEnv;
 
 /// The runtimes `--work-relay-runtimes` compares (a3) on: the worker's (current-thread), a
@@ -211,21 +211,16 @@ pub async fn compare_runtimes(bench: &Bench) {
     let rounds = bench.args.work_relay_runtimes;
     let bodies = bodies(bench.args.messages);
     let policy = Arc::new(crate::decision_path::policy(""));
-    let mut rates = vec![Vec::new(); WORK_RELAY_RUNTIMES.len()];
-    for round in 0..rounds {
-        for (i, runtime) in WORK_RELAY_RUNTIMES.iter().enumerate() {
-            let what = runtime.describe();
-            eprintln!("[a3 runtimes] round {}/{rounds}: {what}", round + 1);
-            let (mut tally, policy) = (Tally::default(), policy.clone());
-            let r = work_relay_run(&bodies, &bench.procs, &mut tally, policy, *runtime).await;
-            eprintln!("[a3 runtimes]   {r:.0} msgs/s");
-            rates[i].push(r);
-        }
-    }
     let names: Vec<String> = WORK_RELAY_RUNTIMES.iter().map(|r| r.describe()).collect();
     let title = format!(
         "(a3) work relay runtimes, {} messages a run, {rounds} alternating rounds",
         bodies.len()
     );
-    print_fastest(&title, &names, rates);
+    let (bodies, procs, policy) = (&bodies, &bench.procs, &policy);
+    compare_alternating("a3 runtimes", &title, &names, rounds, |i| async move {
+        let mut tally = Tally::default();
+        let runtime = WORK_RELAY_RUNTIMES[i];
+        work_relay_run(bodies, procs, &mut tally, policy.clone(), runtime).await
+    })
+    .await;
 }
