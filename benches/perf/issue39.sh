@@ -10,13 +10,16 @@
 #      alternating, to find the highest rate at which the worker keeps within the relay's p99;
 # then the medians and ratios. Everything it prints is also kept in OUT (default /tmp/issue39).
 #
-#   benches/perf/issue39.sh                       # the full series (about 12-15 min quiet)
+#   benches/perf/issue39.sh                       # the full series (about 25 min quiet)
 #   PAIRS=1 SHAPE_ROUNDS=1 MESSAGES=20000 LATENCY_SECONDS=5 benches/perf/issue39.sh   # a check
 #
 # SENDQUOTA_PERF_WORKER_BIN=/path/to/sendquota runs another build of the worker for (c) and (g).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PAIRS=${PAIRS:-3}
+# Nine rounds: one round's (c)/(a3) lands anywhere between 0.71 and 1.01 on this machine
+# (2026-11-29), wider than the margin to the target, so three rounds' median moved by 0.1
+# between series (docs/performance.md).
+PAIRS=${PAIRS:-9}
 SHAPE_ROUNDS=${SHAPE_ROUNDS:-3}
 MESSAGES=${MESSAGES:-60000}
 SHAPE_MESSAGES=${SHAPE_MESSAGES:-30000}
