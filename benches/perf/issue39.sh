@@ -16,9 +16,8 @@
 # SENDQUOTA_PERF_WORKER_BIN=/path/to/sendquota runs another build of the worker for (c) and (g).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# Nine rounds: one round's (c)/(a3) lands anywhere between 0.71 and 1.01 on this machine
-# (2026-11-29), wider than the margin to the target, so three rounds' median moved by 0.1
-# between series (docs/performance.md).
+# Nine rounds: one round's (c)/(a3) spreads wider here than the margin to the target, so a
+# median of three moved from series to series (docs/performance.md, Latest medians).
 PAIRS=${PAIRS:-9}
 SHAPE_ROUNDS=${SHAPE_ROUNDS:-3}
 MESSAGES=${MESSAGES:-60000}
