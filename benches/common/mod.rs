@@ -122,7 +122,7 @@ pub fn postgres_ticks() -> u64 {
 
 /// The parent of a process: a backend's postmaster, say.
 pub fn parent_of(pid: &str) -> Option<String> {
-    proc_stat(pid).and_then(|f| f.get(1).map(u64::to_string))
+    proc_stat(pid).and_then(|f| ppid(&f)).map(|p| p.to_string())
 }
 
 /// CPU ticks of one Postgres server: its postmaster, every child alive now, and what its exited
@@ -137,20 +137,17 @@ pub fn postgres_ticks_of(postmaster: &str) -> u64 {
 /// (a postmaster is one whose parent is not among them), then the postmasters' children's
 /// time, read last: a backend that exits meanwhile is then counted twice at worst, never lost.
 fn postgres_ticks_among(server: Option<&str>) -> u64 {
-    let procs: Vec<(String, Vec<u64>)> = pids_named("postgres")
+    let server = server.map(|s| s.parse::<u64>().unwrap_or(0));
+    let procs: Vec<(u64, Vec<u64>)> = pids_named("postgres")
         .into_iter()
-        .filter_map(|pid| proc_stat(&pid).map(|f| (pid, f)))
+        .filter_map(|pid| Some((pid.parse().ok()?, proc_stat(&pid)?)))
         .collect();
-    let pids: std::collections::HashSet<&str> = procs.iter().map(|(p, _)| p.as_str()).collect();
+    let pids: std::collections::HashSet<u64> = procs.iter().map(|(p, _)| *p).collect();
     let (mut live, mut postmasters) = (0, Vec::new());
     for (pid, f) in &procs {
-        let parent = f.get(1).map(u64::to_string).unwrap_or_default();
-        let postmaster = !pids.contains(parent.as_str());
-        let of = if postmaster {
-            pid.as_str()
-        } else {
-            parent.as_str()
-        };
+        let parent = ppid(f).unwrap_or(0);
+        let postmaster = !pids.contains(&parent);
+        let of = if postmaster { *pid } else { parent };
         if server.is_some_and(|s| s != of) {
             continue;
         }
@@ -161,10 +158,15 @@ fn postgres_ticks_among(server: Option<&str>) -> u64 {
     }
     let reaped: u64 = postmasters
         .iter()
-        .filter_map(|pm| proc_stat(pm))
+        .filter_map(|pm| proc_stat(&pm.to_string()))
         .map(|f| f.get(13).unwrap_or(&0) + f.get(14).unwrap_or(&0))
         .sum();
     live + reaped
+}
+
+/// The parent's pid from [`proc_stat`]'s fields.
+fn ppid(fields: &[u64]) -> Option<u64> {
+    fields.get(1).copied()
 }
 
 /// utime + stime from [`proc_stat`]'s fields.
